@@ -1,0 +1,1 @@
+"""The llmc compile driver: export, import, passes, IREE invocation, artifacts, CLI."""

@@ -1,0 +1,193 @@
+"""llmc.compile: model -> torch.export -> torch-mlir -> passes -> iree-compile -> .vmfb + .irpa + .json."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+import llmc
+from llmc.compiler import artifacts, export, importer, iree, pipeline, targets
+from llmc.compiler.artifacts import Artifact
+from llmc.compiler.progress import Phases
+from llmc.errors import UsageError
+
+log = logging.getLogger("llmc")
+
+
+def _output_paths(output, model) -> tuple[Path, str]:
+    if output is None:
+        stem = Path(model).stem if isinstance(model, (str, os.PathLike)) else "model"
+        output = Path.cwd() / f"{stem}.vmfb"
+    output = Path(output)
+    if output.suffix != ".vmfb":
+        raise UsageError(f"-o {output}: the output must be a .vmfb path (NAME.irpa and NAME.json go beside it)")
+    if not output.parent.is_dir():
+        raise UsageError(f"-o {output}: output directory {output.parent} does not exist; create it first")
+    if not os.access(output.parent, os.W_OK):
+        raise UsageError(f"-o {output}: output directory {output.parent} is not writable")
+    return output, output.stem
+
+
+def _source_info(model) -> dict:
+    if isinstance(model, (str, os.PathLike)):
+        p = Path(model)
+        return {"kind": p.suffix.lstrip(".") or "path", "path": str(p.resolve()), "sha256": artifacts.sha256_file(p)}
+    return {"kind": type(model).__name__}
+
+
+def _is_dynamic(ep) -> bool:
+    for n in ep.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and any(not isinstance(d, int) for d in val.shape):
+            return True
+    return False
+
+
+def compile_model(
+    model,
+    example_args: tuple = (),
+    *,
+    target: str = "cpu",
+    dtype: str = "f32",
+    arch: str | None = None,
+    output=None,
+    example_kwargs: dict | None = None,
+    dynamic_shapes=None,
+    dump_ir=None,
+    repro_dir=None,
+    quiet: bool = True,
+) -> Artifact:
+    """Compile `model` for `target` in `dtype`.
+
+    model: an nn.Module (with example_args), an ExportedProgram, or a path to a .pt2 file.
+    dynamic_shapes: as torch.export takes it, e.g. ({1: torch.export.Dim("seq", min=2, max=4096)},).
+    output: NAME.vmfb; NAME.irpa (weights) and NAME.json (manifest) are written beside it.
+    Raises llmc.errors.LlmcError subclasses: UsageError and friends for bad input (exit 2),
+    CompileError when torch-mlir or iree-compile fails (exit 3, reproducer written).
+    """
+    # Validate everything cheap before any expensive work.
+    probe = targets.resolve(target, arch, dtype)
+    out_vmfb, name = _output_paths(output, model)
+    out_irpa, out_json = out_vmfb.with_suffix(".irpa"), out_vmfb.with_suffix(".json")
+    if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
+        raise UsageError(f"{model}: no such file or directory")
+    phases = Phases(quiet=quiet)
+
+    with phases.phase("export"):
+        source = _source_info(model)
+        exported = export.export_model(
+            model,
+            tuple(example_args),
+            example_kwargs,
+            dtype=dtype,
+            dynamic_shapes=dynamic_shapes,
+            attention=probe.caps.attention,
+        )
+    resolved = targets.resolve(target, arch, dtype, dynamic=_is_dynamic(exported.program))
+    signature = artifacts.entry_signature(exported.program, "main")
+
+    with phases.phase("import"):
+        module, store, mutable = importer.import_exported(exported, func_name="main")
+
+    with phases.phase("passes"):
+        passes, skipped = pipeline.build(resolved.caps.backend, dtype)
+        stats = pipeline.run_passes(module, passes, Path(dump_ir) if dump_ir else None)
+        mlir_text = str(module)
+    del module
+
+    tmp_irpa = artifacts.temp_path(out_irpa) if store.tensors else None
+    try:
+        if tmp_irpa is not None:
+            with phases.phase("write parameters"):
+                store.write_irpa(tmp_irpa)
+        with phases.phase("iree-compile"):
+            run = iree.compile_mlir(
+                mlir_text,
+                out_vmfb.with_name(f".{name}.partial.vmfb"),
+                list(resolved.iree_flags),
+                repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent,
+                target_name=resolved.name,
+            )
+        with phases.phase("write manifest"):
+            manifest = _manifest(
+                source, resolved, signature, store, mutable, stats, skipped, run, tmp_irpa, out_irpa, phases
+            )
+            manifest_tmp = artifacts.temp_path(out_json)
+            manifest_tmp.write_text(__import__("json").dumps(manifest, indent=2) + "\n")
+        # All three exist: move them into place (parameters first, manifest last).
+        if tmp_irpa is not None:
+            os.replace(tmp_irpa, out_irpa)
+        elif out_irpa.exists():
+            out_irpa.unlink()  # a stale archive from an earlier compile would be picked up by load()
+        os.replace(out_vmfb.with_name(f".{name}.partial.vmfb"), out_vmfb)
+        os.replace(manifest_tmp, out_json)
+    finally:
+        for p in (tmp_irpa, out_vmfb.with_name(f".{name}.partial.vmfb")):
+            if p is not None and Path(p).exists():
+                Path(p).unlink()
+    log.info("compiled %s in %s", out_vmfb, ", ".join(f"{k} {v:.1f}s" for k, v in phases.timings.items()))
+    return Artifact(out_vmfb, out_irpa if store.tensors else None, out_json)
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"llmc": llmc.__version__, "torch": torch.__version__}
+    for pkg in ("iree-base-compiler", "iree-base-runtime", "torch-mlir"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _manifest(source, resolved, signature, store, mutable, stats, skipped, run, tmp_irpa, out_irpa, phases) -> dict:
+    caps = resolved.caps
+    target = {
+        "name": caps.name,
+        "device": caps.device,
+        "backend": caps.backend,
+        "arch": resolved.arch,
+        "dtype_mode": caps.dtype_mode(resolved.dtype),
+        "attention": caps.attention,
+    }
+    if caps.backend == "llvm-cpu":
+        target["machine"] = platform.machine()
+        target["cpu"], features = targets.llvm_cpu_features(resolved.arch)
+        target["cpu_features"] = list(features)
+    params = None
+    if tmp_irpa is not None:
+        params = {
+            "file": out_irpa.name,
+            "scope": importer.PARAM_SCOPE,
+            "count": len(store.tensors),
+            "bytes": store.nbytes,
+            "sha256": artifacts.sha256_file(tmp_irpa),
+            "mutable_state": mutable,
+        }
+    uses_f64 = any(
+        e.get("dtype") in ("float64", "complex128") for e in signature["inputs"]
+    ) or any(t.dtype == torch.float64 for t in store.tensors.values())
+    return {
+        "format": "llmc-manifest/1",
+        "versions": _versions(),
+        "source": source,
+        "target": target,
+        "dtype": resolved.dtype,
+        "f64": "kept (--iree-input-demote-f64-to-f32=false)" if uses_f64 else "not used",
+        "iree_flags": ["--iree-input-type=torch", *resolved.iree_flags],
+        "passes": [s.as_dict() for s in stats],
+        "passes_skipped": skipped,
+        "entry_points": {"main": signature},
+        "default_entry": "main",
+        "runtime_device": "local-task" if caps.device == "local" else caps.device,
+        "params": params,
+        "compile": {
+            "seconds": {k: round(v, 3) for k, v in phases.timings.items()},
+            "iree_compile_peak_rss_mb": round(run.peak_rss_mb, 1),
+        },
+    }

@@ -1,0 +1,201 @@
+"""torch.export: from a user's model (nn.Module, ExportedProgram or .pt2 file) to the graph we import.
+
+What happens here, in order:
+1. the model is resolved (a .pt2 file is loaded; an ExportedProgram is turned back into a module
+   only when its dtype has to change);
+2. `dtype` is applied: floating parameters and buffers are converted (the user's module is never
+   modified), and floating f32 inputs are cast inside the exported graph, so callers keep passing f32;
+3. `torch.export` runs with the user's dynamic dimensions;
+4. the decomposition table is applied: torch-mlir's table, minus scaled_dot_product_attention on
+   targets that keep attention whole (GPUs: IREE forms its fused attention op from it). On llvm-cpu
+   SDPA is decomposed here by PyTorch's own decomposition (matmul, float mask, softmax, matmul):
+   IREE 3.13's fused CPU attention runs ~9x slower (research/cpu-flags.md §2), and PyTorch's
+   decomposition keeps the exact masking semantics (a hand-written bool-mask version silently
+   dropped causality in the research runs).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import zipfile
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from llmc.errors import ExportError, UsageError
+
+TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+class CastInputs(nn.Module):
+    """Casts f32 tensor inputs to the compute dtype, then calls the model.
+
+    This is what lets a bf16 module accept the f32 inputs its users already have (DESIGN.md call
+    semantics); the cast is part of the exported graph, so it runs on the device.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.model = model
+        self.dtype = dtype
+
+    def forward(self, *args, **kwargs):
+        cast = lambda t: t.to(self.dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
+        args = torch.utils._pytree.tree_map(cast, args)
+        kwargs = torch.utils._pytree.tree_map(cast, kwargs)
+        return self.model(*args, **kwargs)
+
+
+def convert_module(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy of `model` whose f32/f16/bf16 parameters and buffers are in `dtype`.
+
+    The user's module is left untouched, and the original-precision tensors are not copied: the
+    deepcopy memo maps each of them straight to its converted version (a bf16 copy of an f32 model
+    costs half the model, not a full f32 copy on top).
+    """
+    memo = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.is_floating_point() and t.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            converted = t.detach().to(dtype)
+            memo[id(t)] = nn.Parameter(converted, requires_grad=False) if isinstance(t, nn.Parameter) else converted
+    return copy.deepcopy(model, memo)
+
+
+def load_pt2(path: Path) -> torch.export.ExportedProgram:
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise ExportError(
+            f"{path}: not a torch.export archive (.pt2 files are zip archives written by torch.export.save)"
+        )
+    try:
+        return torch.export.load(str(path))
+    except Exception as e:  # torch raises many types here; all mean "this file is not usable"
+        raise ExportError(f"{path}: torch.export.load failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+
+
+def _dynamic_shapes_of(ep: torch.export.ExportedProgram):
+    """Dynamic-shape spec (Dim.DYNAMIC for each symbolic dim) that reproduces `ep`'s user inputs."""
+    from torch.export import Dim
+    from torch.export.graph_signature import InputKind
+
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    specs = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        node = placeholders.get(getattr(spec.arg, "name", None))
+        val = node.meta.get("val") if node is not None else None
+        if isinstance(val, torch.Tensor):
+            dims = {i: Dim.DYNAMIC for i, s in enumerate(val.shape) if not isinstance(s, int)}
+            specs.append(dims or None)
+        else:
+            specs.append(None)
+    return specs
+
+
+def _for_varargs(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes):
+    """Re-key a dynamic-shape spec written for `model.forward` for CastInputs' (*args, **kwargs)."""
+    import inspect
+
+    if isinstance(dynamic_shapes, (tuple, list)):
+        by_pos, by_name = tuple(dynamic_shapes)[: len(args)], {k: None for k in kwargs}
+    else:
+        params = list(inspect.signature(model.forward).parameters)
+        by_pos = tuple(dynamic_shapes.get(params[i]) if i < len(params) else None for i in range(len(args)))
+        by_name = {k: dynamic_shapes.get(k) for k in kwargs}
+    return {"args": by_pos, "kwargs": by_name} if kwargs else {"args": by_pos}
+
+
+def decomposition_table(attention: str) -> dict:
+    """torch-mlir's decomposition table; SDPA is kept whole unless `attention == "decompose"`."""
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
+    table = get_decomposition_table()
+    if attention != "decompose":
+        table = {k: v for k, v in table.items() if "scaled_dot_product" not in str(k)}
+    return table
+
+
+@dataclasses.dataclass
+class Exported:
+    """The decomposed program, plus the FQN prefix llmc's own wrapper added (stripped from names)."""
+
+    program: torch.export.ExportedProgram
+    strip_prefix: str = ""
+
+    def param_name(self, fqn: str) -> str:
+        return fqn[len(self.strip_prefix) :] if self.strip_prefix and fqn.startswith(self.strip_prefix) else fqn
+
+
+def export_model(
+    model,
+    example_args: tuple = (),
+    example_kwargs: dict | None = None,
+    *,
+    dtype: str = "f32",
+    dynamic_shapes=None,
+    attention: str = "decompose",
+) -> Exported:
+    """Export `model` in `dtype` and apply the decomposition table for the target's attention mode."""
+    example_kwargs = example_kwargs or {}
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if path.suffix != ".pt2":
+            if not path.exists():
+                raise UsageError(f"{path}: no such file or directory")
+            raise UsageError(
+                f"{path}: llmc compiles .pt2 files (torch.export.save) and nn.Modules; "
+                "Llama checkpoints (.pt/.pth with params.json, HF folders) come with the Llama loader"
+            )
+        model = load_pt2(path)
+
+    target_dtype = TORCH_DTYPES.get(dtype)
+    if target_dtype is None:
+        raise UsageError(f"--dtype={dtype}: not supported by the export step (f32, f16, bf16)")
+
+    if isinstance(model, torch.export.ExportedProgram):
+        ep = model
+        if target_dtype == torch.float32:
+            return Exported(_decompose(ep, attention))
+        # Changing dtype means re-exporting: the ExportedProgram's graph has its dtypes baked in.
+        if example_args or example_kwargs:
+            args, kwargs = tuple(example_args), dict(example_kwargs)
+        else:
+            args, kwargs = ep.example_inputs
+        if dynamic_shapes is None:
+            dynamic_shapes = _dynamic_shapes_of(ep)
+            if kwargs:
+                dynamic_shapes = None  # positional spec does not fit kwargs; export static
+        model = ep.module()
+    elif isinstance(model, nn.Module):
+        args, kwargs = tuple(example_args), dict(example_kwargs)
+    else:
+        raise UsageError(
+            f"llmc.compile: model must be an nn.Module, an ExportedProgram or a path, not {type(model).__name__}"
+        )
+
+    model = model.eval() if isinstance(model, nn.Module) and not isinstance(model, torch.fx.GraphModule) else model
+    strip_prefix = ""
+    if target_dtype != torch.float32:
+        strip_prefix = "model."
+        if dynamic_shapes is not None:
+            dynamic_shapes = _for_varargs(model, args, kwargs, dynamic_shapes)
+        model = CastInputs(convert_module(model, target_dtype), target_dtype)
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ExportError(f"torch.export failed: {type(e).__name__}: {msg}") from e
+    return Exported(_decompose(ep, attention), strip_prefix)
+
+
+def _decompose(ep: torch.export.ExportedProgram, attention: str) -> torch.export.ExportedProgram:
+    try:
+        return ep.run_decompositions(decomposition_table(attention))
+    except Exception as e:
+        raise ExportError(f"decomposing the exported graph failed: {type(e).__name__}: {e}") from e

@@ -1,0 +1,204 @@
+"""torch-mlir FX import with every weight turned into an IREE external parameter.
+
+`import_exported(...)` runs torch-mlir's FxImporter over an ExportedProgram with `ExternalizeParams`
+hooks, then torch-mlir's lowering to the torch backend contract (the torch dialect IREE's
+`--iree-input-type=torch` consumes).
+
+Why weights are never inlined (research/feasibility.md §2, §4): inlining a 125M model costs 3.4 GB
+of RSS and a 499 MB vmfb, f8 constants can't be serialized at all (E1), and IREE 3.13 mis-types small
+inlined bf16 constants on llvm-cpu and SPIR-V (B1). Instead each parameter, buffer and lifted
+constant tensor becomes
+
+    util.global private @"layers.0.weight" = #stream.parameter.named<"model"::"layers.0.weight"> : tensor<..>
+    %w = util.global.load @"layers.0.weight" : tensor<..>
+    %v = torch_c.from_builtin_tensor %w : tensor<..> -> !torch.vtensor<[..],..>
+
+and the tensor goes into a `ParamStore`, written as an IREE parameter archive (.irpa, scope
+`model`). Buffers that the model mutates become `mutable` globals updated with `util.global.store`:
+they are state kept on the device, never outputs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from llmc.errors import CompileError
+
+PARAM_SCOPE = "model"
+
+# Element types we externalize; bool and complex tensors stay inline (rare and tiny in practice).
+_EXTERNAL_DTYPES = {
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+}
+
+
+class ParamStore:
+    """Named tensors destined for the .irpa, in first-use order, deduplicated by storage."""
+
+    def __init__(self):
+        self.tensors: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+        self._by_storage: dict[tuple, str] = {}
+
+    def add(self, name: str, t: torch.Tensor) -> tuple[str, bool]:
+        """Returns (name actually used, is_new). Aliases of an existing tensor reuse its name."""
+        t = t.detach()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if t.untyped_storage().data_ptr() != 0 and key in self._by_storage:
+            return self._by_storage[key], False
+        base, i = name, 1
+        while name in self.tensors:
+            name, i = f"{base}_{i}", i + 1
+        self.tensors[name] = t
+        self._by_storage[key] = name
+        return name, True
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def write_irpa(self, path: Path) -> None:
+        """Write an IREE parameter archive with IREE's own writer (zero-copy views of the tensors)."""
+        import iree.runtime as rt
+
+        index = rt.ParameterIndex()
+        for name, t in self.tensors.items():
+            t = t.contiguous()
+            if t.numel() == 0:
+                index.add_splat(name, b"\x00", 0)
+                continue
+            index.add_buffer(name, t.reshape(-1).view(torch.uint8).numpy())
+        index.create_archive_file(str(path))
+
+
+def _builtin_tensor_type(ir, t_shape, dtype: torch.dtype):
+    elem = {
+        torch.float32: ir.F32Type.get(),
+        torch.float16: ir.F16Type.get(),
+        torch.bfloat16: ir.BF16Type.get(),
+        torch.float64: ir.F64Type.get(),
+        torch.int64: ir.IntegerType.get_signless(64),
+        torch.int32: ir.IntegerType.get_signless(32),
+        torch.int16: ir.IntegerType.get_signless(16),
+        torch.int8: ir.IntegerType.get_signless(8),
+        torch.uint8: ir.IntegerType.get_signless(8),
+    }[dtype]
+    return ir.RankedTensorType.get(list(t_shape), elem)
+
+
+def make_hooks(store: ParamStore, name_of=lambda fqn: fqn):
+    """FxImporterHooks that externalize parameters, buffers and lifted constants into `store`."""
+    from torch_mlir import ir
+    from torch_mlir.extras.fx_importer import FxImporterHooks
+
+    class ExternalizeParams(FxImporterHooks):
+        def __init__(self):
+            self.module_op = None
+            self.globals: dict[str, str] = {}  # param name -> symbol
+            self.mutable: set[str] = set()
+            self.n_constants = 0
+
+        def prepare_module(self, module_op):
+            self.module_op = module_op
+            module_op.context.allow_unregistered_dialects = True
+
+        def _global(self, name: str, t: torch.Tensor, mutable: bool) -> tuple[str, object]:
+            tensor_type = _builtin_tensor_type(ir, t.shape, t.dtype)
+            name, is_new = store.add(name, t)
+            sym = name
+            if is_new or name not in self.globals:
+                body = self.module_op.regions[0].blocks[0]
+                with ir.InsertionPoint.at_block_begin(body), ir.Location.unknown():
+                    attrs = {
+                        "sym_name": ir.StringAttr.get(sym),
+                        "sym_visibility": ir.StringAttr.get("private"),
+                        "type": ir.TypeAttr.get(tensor_type),
+                        "initial_value": ir.Attribute.parse(
+                            f'#stream.parameter.named<"{PARAM_SCOPE}"::"{name}"> : {tensor_type}'
+                        ),
+                    }
+                    if mutable:
+                        attrs["is_mutable"] = ir.UnitAttr.get()
+                    ir.Operation.create("util.global", attributes=attrs)
+                self.globals[name] = sym
+                if mutable:
+                    self.mutable.add(name)
+            return self.globals[name], tensor_type
+
+        def _load(self, gni, name: str, t: torch.Tensor, mutable: bool):
+            sym, tensor_type = self._global(name, t, mutable)
+            loaded = ir.Operation.create(
+                "util.global.load",
+                results=[tensor_type],
+                attributes={"global": ir.FlatSymbolRefAttr.get(sym)},
+            ).result
+            return ir.Operation.create(
+                "torch_c.from_builtin_tensor",
+                results=[gni._cc.tensor_to_vtensor_type(t)],
+                operands=[loaded],
+            ).result
+
+        def resolve_input(self, gni, value, info):
+            if not isinstance(value, torch.Tensor) or value.dtype not in _EXTERNAL_DTYPES:
+                return None
+            mutable = info.store_producer_node is not None
+            return self._load(gni, name_of(info.input_spec.target), value, mutable)
+
+        def resolve_literal(self, gni, literal, info):
+            if not isinstance(literal, torch.Tensor) or literal.dtype not in _EXTERNAL_DTYPES:
+                return None
+            if info is not None:
+                return self._load(gni, name_of(info.input_spec.target), literal, False)
+            self.n_constants += 1
+            return self._load(gni, f"__constant_{self.n_constants - 1}", literal, False)
+
+        def store_produced_value(self, gni, py_value, produced_ir_value, info):
+            name, _ = store.add(name_of(info.input_spec.target), py_value)
+            if name not in self.mutable:
+                raise CompileError(f"buffer {info.input_spec.target} is mutated but was not imported as mutable")
+            tensor_type = _builtin_tensor_type(ir, py_value.shape, py_value.dtype)
+            builtin = ir.Operation.create(
+                "torch_c.to_builtin_tensor", results=[tensor_type], operands=[produced_ir_value]
+            ).result
+            ir.Operation.create(
+                "util.global.store",
+                operands=[builtin],
+                attributes={"global": ir.FlatSymbolRefAttr.get(self.globals[name])},
+            )
+
+    return ExternalizeParams()
+
+
+def import_exported(exported, func_name: str = "main"):
+    """Import one exported program; returns (torch-dialect module text, ParamStore, mutated buffer names)."""
+    from torch_mlir import fx, ir
+    from torch_mlir.compiler_utils import OutputType, TorchMlirCompilerError
+    from torch_mlir.dialects import torch as torch_d
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    store = ParamStore()
+    hooks = make_hooks(store, exported.param_name)
+    ctx = ir.Context()
+    torch_d.register_dialect(ctx)
+    importer = FxImporter(context=ctx, hooks=hooks)
+    try:
+        importer.import_program(exported.program, func_name=func_name)
+    except Exception as e:
+        raise CompileError(f"torch-mlir FX import failed: {type(e).__name__}: {e}") from e
+    try:
+        module = fx._module_lowering(False, False, OutputType.TORCH, importer.module)
+    except TorchMlirCompilerError as e:
+        raise CompileError(f"torch-mlir lowering to the torch backend contract failed:\n{e}") from e
+    return module, store, sorted(hooks.mutable)
+
+

@@ -1,0 +1,102 @@
+"""iree-compile, run out of process.
+
+IREE crashes (segfaults on bad flags, asserts in codegen); running it as a child process turns any of
+that into a CompileError (exit 3) with the input IR, the exact command and the diagnostics saved in a
+reproducer folder, instead of taking the Python process down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+from llmc.errors import CompileError
+
+
+@dataclasses.dataclass
+class CompileRun:
+    command: list[str]
+    peak_rss_mb: float
+    seconds: float
+
+
+def iree_compile_path() -> str:
+    from iree.compiler.tools.binaries import find_tool
+
+    return find_tool("iree-compile")
+
+
+def compile_mlir(
+    mlir_text: str,
+    output: Path,
+    flags: list[str] | tuple[str, ...],
+    *,
+    repro_dir: Path,
+    target_name: str,
+    extra_env: dict | None = None,
+) -> CompileRun:
+    """Compile torch-dialect MLIR text to `output` (written atomically). Raises CompileError on failure."""
+    import time
+
+    output = Path(output)
+    fd, tmp_out = tempfile.mkstemp(prefix=f".{output.stem}.", suffix=".vmfb.tmp", dir=output.parent)
+    os.close(fd)
+    work = Path(tempfile.mkdtemp(prefix="llmc-compile-"))
+    src = work / "input.mlir"
+    src.write_text(mlir_text)
+    cmd = [iree_compile_path(), str(src), "--iree-input-type=torch", *flags, "-o", tmp_out]
+    start = time.perf_counter()
+    with open(work / "stderr.txt", "w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **(extra_env or {})})
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        diagnostics = err.read()
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        os.unlink(tmp_out)
+        saved = save_reproducer(repro_dir, mlir_text, cmd, diagnostics)
+        code = proc.returncode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        lines = [l for l in diagnostics.strip().splitlines() if l.strip()]
+        shown = "\n".join(lines[:25]) + (f"\n... ({len(lines) - 25} more lines in {saved / 'stderr.txt'})" if len(lines) > 25 else "")
+        _cleanup(work)
+        raise CompileError(
+            f"iree-compile {how} for target '{target_name}'.\nDiagnostics:\n{shown or '(none)'}\n"
+            f"Input IR saved to {saved / 'input.mlir'}. Reproduce with: {shlex.join(_repro_cmd(cmd, saved))}"
+        )
+    os.replace(tmp_out, output)
+    _cleanup(work)
+    return CompileRun(command=cmd, peak_rss_mb=usage.ru_maxrss / 1024.0, seconds=seconds)
+
+
+def _repro_cmd(cmd: list[str], saved: Path) -> list[str]:
+    # The reproducer points at the saved copy of the input and writes next to it.
+    out = list(cmd)
+    out[0] = "iree-compile"
+    out[1] = str(saved / "input.mlir")
+    out[-1] = str(saved / "out.vmfb")
+    return out
+
+
+def save_reproducer(repro_dir: Path, mlir_text: str, cmd: list[str], diagnostics: str) -> Path:
+    """Write input.mlir, command.sh and stderr.txt into a fresh folder under `repro_dir`."""
+    repro_dir = Path(repro_dir)
+    repro_dir.mkdir(parents=True, exist_ok=True)
+    saved = Path(tempfile.mkdtemp(prefix="llmc-repro-", dir=repro_dir))
+    (saved / "input.mlir").write_text(mlir_text)
+    (saved / "stderr.txt").write_text(diagnostics)
+    (saved / "command.sh").write_text("#!/bin/sh\n" + shlex.join(_repro_cmd(cmd, saved)) + "\n")
+    os.chmod(saved / "command.sh", 0o755)
+    return saved
+
+
+def _cleanup(work: Path) -> None:
+    for p in work.iterdir():
+        p.unlink()
+    work.rmdir()

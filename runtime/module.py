@@ -1,0 +1,306 @@
+"""Load a compiled llmc module (.vmfb + .irpa + manifest) and call it with torch tensors or numpy arrays.
+
+Imports iree.runtime only (never the compiler): a deployment needs the runtime wheel, torch and numpy.
+
+    mod = load("out/model.vmfb")          # finds model.irpa and model.json beside it
+    y = mod(x)                             # default entry point; torch tensors back
+
+Inputs are checked against the manifest's signature (shape, dtype, folded constants) with a clear
+error before IREE sees them. bf16 crosses the boundary as bf16 (ml_dtypes on the numpy side).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
+
+PARAM_SCOPE = "model"
+
+# manifest dtype name -> numpy dtype (bf16 from ml_dtypes, since numpy has none)
+def _np_dtype(name: str):
+    import ml_dtypes
+
+    return {
+        "float32": np.float32,
+        "float16": np.float16,
+        "bfloat16": ml_dtypes.bfloat16,
+        "float64": np.float64,
+        "int64": np.int64,
+        "int32": np.int32,
+        "int16": np.int16,
+        "int8": np.int8,
+        "uint8": np.uint8,
+        "bool": np.bool_,
+        "complex64": np.complex64,
+        "complex128": np.complex128,
+    }[name]
+
+
+# LLVM feature names (as recorded in the manifest) -> /proc/cpuinfo flag names, where they differ.
+_CPUINFO_NAME = {
+    "sse4.1": "sse4_1",
+    "sse4.2": "sse4_2",
+    "avx512vnni": "avx512_vnni",
+    "avx512bf16": "avx512_bf16",
+    "avx512fp16": "avx512_fp16",
+    "avx512vbmi2": "avx512_vbmi2",
+    "avx512bitalg": "avx512_bitalg",
+    "avx512vpopcntdq": "avx512_vpopcntdq",
+    "avxvnni": "avx_vnni",
+    "amx-tile": "amx_tile",
+    "amx-int8": "amx_int8",
+    "amx-bf16": "amx_bf16",
+    "pclmul": "pclmulqdq",
+}
+# The features whose absence makes code fault (SIGILL); others in LLVM's list are not worth a refusal.
+_CHECKED_FEATURES = (
+    "sse4.1 sse4.2 avx avx2 fma f16c avx512f avx512cd avx512bw avx512dq avx512vl avx512vnni "
+    "avx512bf16 avx512fp16 avx512vbmi avx512vbmi2 avx512ifma avxvnni amx-tile amx-int8 amx-bf16"
+).split()
+
+
+def host_cpu_flags() -> set[str] | None:
+    """This machine's CPU flags from /proc/cpuinfo, or None where that file doesn't exist."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def missing_cpu_features(required: list[str], have: set[str] | None) -> list[str]:
+    if have is None:
+        return []
+    return [f for f in required if f in _CHECKED_FEATURES and _CPUINFO_NAME.get(f, f) not in have]
+
+
+def _find_companions(vmfb: Path) -> tuple[Path, Path | None]:
+    manifest = vmfb.with_suffix(".json")
+    irpa = vmfb.with_suffix(".irpa")
+    if not manifest.exists():
+        raise RuntimeLoadError(f"{manifest}: manifest not found beside {vmfb.name}; llmc.load needs the .json llmc wrote")
+    return manifest, irpa if irpa.exists() else None
+
+
+class EntryPoint:
+    """One exported function: signature checking, conversion in and out, and the call."""
+
+    def __init__(self, module: "Module", name: str, spec: dict):
+        self._module = module
+        self.name = name
+        self.spec = spec
+        self._fn = None
+
+    def _function(self):
+        if self._fn is None:
+            self._fn = self._module._vm_module_handle()[self.spec.get("function", self.name)]
+        return self._fn
+
+    def _flatten(self, args, kwargs):
+        import torch.utils._pytree as pytree
+
+        leaves, _ = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
+        return [(pytree.keystr(p), v) for p, v in leaves]
+
+    def convert_inputs(self, args, kwargs) -> list:
+        """Check the call against the manifest signature; returns numpy arrays for IREE."""
+        import torch
+
+        expected = self.spec["inputs"]
+        given = dict(self._flatten(args, kwargs))
+        unknown = [p for p in given if p not in {e["path"] for e in expected}]
+        if unknown:
+            raise InputError(
+                f"{self.name}: unexpected argument(s) {', '.join(unknown)}; the module was compiled for "
+                f"{self.signature_text()}"
+            )
+        arrays = []
+        for i, e in enumerate(expected):
+            where = f"{self.name}: input {e['path']}"
+            if e["path"] not in given:
+                raise InputError(f"{where} is missing; the module was compiled for {self.signature_text()}")
+            v = given[e["path"]]
+            if e["kind"] == "constant":
+                if isinstance(v, torch.Tensor) or v != e["value"]:
+                    raise InputError(
+                        f"{where} was folded into the module as the constant {e['value']!r} at compile time; "
+                        f"got {v!r}. Pass {e['value']!r}, or recompile with this value"
+                    )
+                continue
+            arrays.append(self._check_tensor(where, e, v))
+        return arrays
+
+    def _check_tensor(self, where: str, e: dict, v):
+        import torch
+
+        if isinstance(v, torch.Tensor):
+            dtype_name = str(v.dtype).removeprefix("torch.")
+            if v.dtype == torch.bfloat16:
+                arr = v.detach().cpu().contiguous().view(torch.int16).numpy().view(_np_dtype("bfloat16"))
+            else:
+                arr = v.detach().cpu().contiguous().numpy()
+        elif isinstance(v, np.ndarray) or np.isscalar(v):
+            arr = np.ascontiguousarray(v)
+            dtype_name = "bfloat16" if arr.dtype == _np_dtype("bfloat16") else str(arr.dtype)
+            dtype_name = {"bool": "bool"}.get(dtype_name, dtype_name)
+        else:
+            raise InputError(f"{where}: expected a torch tensor or numpy array, got {type(v).__name__}")
+        if dtype_name != e["dtype"]:
+            raise InputError(f"{where}: expected dtype {e['dtype']}, got {dtype_name} (shape {list(arr.shape)})")
+        shape = list(arr.shape)
+        want = e["shape"]
+        ok = len(shape) == len(want) and all(
+            (isinstance(w, int) and w == s) or (isinstance(w, dict) and w["min"] <= s <= w["max"])
+            for w, s in zip(want, shape)
+        )
+        if not ok:
+            raise InputError(f"{where}: expected shape {_shape_text(want)}, got {shape}")
+        return arr
+
+    def signature_text(self) -> str:
+        parts = []
+        for e in self.spec["inputs"]:
+            if e["kind"] == "constant":
+                parts.append(f"{e['path']}={e['value']!r}")
+            else:
+                parts.append(f"{e['path']}: {e['dtype']}{_shape_text(e['shape'])}")
+        return "(" + ", ".join(parts) + ")"
+
+    def call_raw(self, arrays: list):
+        try:
+            return self._function()(*arrays)
+        except Exception as e:
+            raise RuntimeCallError(f"{self.name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
+
+    def __call__(self, *args, **kwargs):
+        arrays = self.convert_inputs(args, kwargs)
+        result = self.call_raw(arrays)
+        return self._module._unflatten(self.spec["outputs"], _as_list(result))
+
+
+def _as_list(result) -> list:
+    if result is None:
+        return []
+    if isinstance(result, (list, tuple)):
+        return list(result)
+    return [result]
+
+
+def _shape_text(shape: list) -> str:
+    return "[" + ", ".join(str(d) if isinstance(d, int) else f"{d['name']}:{d['min']}..{d['max']}" for d in shape) + "]"
+
+
+class Module:
+    """A loaded llmc module. Call it like the PyTorch model; entry points are attributes too."""
+
+    def __init__(self, vmfb: Path, *, device: str | None = None, threads: int | None = None):
+        self.vmfb = Path(vmfb)
+        if not self.vmfb.exists():
+            raise RuntimeLoadError(f"{self.vmfb}: no such file")
+        manifest_path, self.params = _find_companions(self.vmfb)
+        try:
+            self.manifest = json.loads(manifest_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise RuntimeLoadError(f"{manifest_path}: not a readable llmc manifest ({e})") from e
+        if self.manifest.get("params") and self.params is None:
+            raise RuntimeLoadError(
+                f"{self.vmfb.with_suffix('.irpa')}: parameter archive not found; the module's weights live there"
+            )
+        self._check_cpu()
+        self.device_name = device or self.manifest.get("runtime_device", "local-task")
+        self.threads = threads
+        self._vm = None
+        self.entry_points = {name: EntryPoint(self, name, spec) for name, spec in self.manifest["entry_points"].items()}
+        self.default_entry = self.manifest.get("default_entry", next(iter(self.entry_points)))
+
+    def _check_cpu(self):
+        target = self.manifest.get("target", {})
+        if target.get("backend") != "llvm-cpu":
+            return
+        if target.get("machine") and target["machine"] != platform.machine():
+            raise RuntimeLoadError(
+                f"{self.vmfb}: compiled for {target['machine']}, this machine is {platform.machine()}; recompile here"
+            )
+        missing = missing_cpu_features(target.get("cpu_features", []), host_cpu_flags())
+        if missing:
+            raise RuntimeLoadError(
+                f"{self.vmfb}: compiled for --arch={target.get('arch')} which needs {', '.join(missing)}; "
+                "this CPU lacks them; recompile with --arch host"
+            )
+
+    def _vm_module_handle(self):
+        if self._vm is None:
+            import iree.runtime as rt
+
+            if self.threads:
+                rt.flags.parse_flags(f"--task_topology_group_count={int(self.threads)}")
+            try:
+                config = rt.Config(self.device_name)
+                modules = []
+                if self.params is not None:
+                    index = rt.ParameterIndex()
+                    index.load(str(self.params))
+                    modules.append(rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope=PARAM_SCOPE)))
+                modules.append(rt.create_hal_module(config.vm_instance, config.device))
+                modules.append(rt.VmModule.mmap(config.vm_instance, str(self.vmfb)))
+                self._vm = rt.load_vm_modules(*modules, config=config)[-1]
+            except Exception as e:
+                raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {str(e).splitlines()[0]}") from e
+        return self._vm
+
+    def _unflatten(self, structure: dict, values: list):
+        import torch
+
+        it = iter(values)
+
+        def to_torch(v):
+            arr = v.to_host() if hasattr(v, "to_host") else np.asarray(v)
+            if arr.dtype == _np_dtype("bfloat16"):
+                return torch.from_numpy(np.ascontiguousarray(arr).view(np.int16)).view(torch.bfloat16)
+            return torch.from_numpy(np.array(arr))  # a copy: device memory is not ours to keep
+
+        def build(s):
+            kind = s["type"]
+            if kind == "tensor":
+                return to_torch(next(it))
+            if kind == "none":
+                return None
+            if kind == "constant":
+                return s["value"]
+            children = [build(c) for c in s["children"]]
+            if kind == "tuple":
+                return tuple(children)
+            if kind == "list":
+                return children
+            if kind == "dict":
+                return dict(zip(s["keys"], children))
+            raise RuntimeLoadError(f"{self.vmfb}: unknown output structure {kind!r} in the manifest")
+
+        return build(structure)
+
+    def __getattr__(self, name):
+        eps = self.__dict__.get("entry_points", {})
+        if name in eps:
+            return eps[name]
+        raise AttributeError(f"llmc module {self.__dict__.get('vmfb')} has no entry point {name!r}")
+
+    def __call__(self, *args, **kwargs):
+        return self.entry_points[self.default_entry](*args, **kwargs)
+
+    def __repr__(self):
+        return f"<llmc.Module {self.vmfb.name} target={self.manifest.get('target', {}).get('name')} entries={list(self.entry_points)}>"
+
+
+def load(path_or_artifact, device: str | None = None, *, threads: int | None = None) -> Module:
+    """Load a compiled module. `path_or_artifact`: the .vmfb path or an llmc.Artifact."""
+    vmfb = getattr(path_or_artifact, "vmfb", path_or_artifact)
+    return Module(Path(os.fspath(vmfb)), device=device, threads=threads)
