@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import platform
@@ -59,6 +60,7 @@ def compile_model(
     dynamic_shapes=None,
     dump_ir=None,
     repro_dir=None,
+    extra_iree_flags: tuple[str, ...] = (),
     quiet: bool = True,
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
@@ -68,6 +70,7 @@ def compile_model(
     output: NAME.vmfb; NAME.irpa (weights) and NAME.json (manifest) are written beside it.
     Raises llmc.errors.LlmcError subclasses: UsageError and friends for bad input (exit 2),
     CompileError when torch-mlir or iree-compile fails (exit 3, reproducer written).
+    extra_iree_flags: appended after llmc's own flags (later flags win); recorded in the manifest.
     """
     # Validate everything cheap before any expensive work.
     probe = targets.resolve(target, arch, dtype)
@@ -88,6 +91,11 @@ def compile_model(
             attention=probe.caps.attention,
         )
     resolved = targets.resolve(target, arch, dtype, dynamic=_is_dynamic(exported.program))
+    if extra_iree_flags:
+        bad = [f for f in extra_iree_flags if not f.startswith("--")]
+        if bad:
+            raise UsageError(f"--iree-flag {bad[0]!r}: IREE flags start with '--', e.g. --iree-flag=--iree-opt-level=O3")
+        resolved = dataclasses.replace(resolved, iree_flags=(*resolved.iree_flags, *extra_iree_flags))
     signature = artifacts.entry_signature(exported.program, "main")
 
     with phases.phase("import"):

@@ -136,9 +136,7 @@ def entry_signature(ep: torch.export.ExportedProgram, function: str) -> dict:
 def _structure(ts, leaves):
     if ts.is_leaf():
         return next(leaves)
-    children = getattr(ts, "children_specs", None)
-    if children is None:
-        children = [ts.child(i) for i in range(ts.num_children)]
+    children = [ts.child(i) for i in range(ts.num_children)]
     if ts.type is type(None):
         return {"type": "none"}
     built = [_structure(c, leaves) for c in children]

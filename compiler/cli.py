@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", default=None, help="output .vmfb path (default ./MODEL_STEM.vmfb)")
     c.add_argument("--dump-ir", default=None, metavar="DIR", help="write the IR after import and after each pass")
     c.add_argument("--repro-dir", default=None, metavar="DIR", help="where to save reproducers on failure (default: the output folder)")
+    c.add_argument("--iree-flag", action="append", default=[], metavar="FLAG", help="extra iree-compile flag, repeatable (e.g. --iree-flag=--iree-opt-level=O3)")
     c.add_argument("--json", action="store_true", help="print the artifact paths and manifest summary as JSON")
     _add_common(c)
 
@@ -88,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("llmc: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug in llmc or an unexpected upstream failure
+        if args.debug:
+            traceback.print_exc()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"llmc: internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 3
 
 
 def cmd_compile(args) -> int:
@@ -104,6 +111,7 @@ def cmd_compile(args) -> int:
         output=args.output,
         dump_ir=args.dump_ir,
         repro_dir=args.repro_dir,
+        extra_iree_flags=tuple(args.iree_flag),
         quiet=False,
     )
     manifest = art.read_manifest()

@@ -59,7 +59,8 @@ def compile_mlir(
         diagnostics = err.read()
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        os.unlink(tmp_out)
+        if os.path.exists(tmp_out):  # iree-compile removes its output on failure, a crash may not
+            os.unlink(tmp_out)
         saved = save_reproducer(repro_dir, mlir_text, cmd, diagnostics)
         code = proc.returncode
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"

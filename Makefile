@@ -1,0 +1,23 @@
+# Two entry points (README.md): `make demo` sets up and runs the main job, `make test` runs the tests.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: demo test clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned: an unpinned torch pulls the CUDA build (several GB).
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) tools/demo.py --out out/demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+clean:
+	rm -rf out

@@ -1,0 +1,63 @@
+"""Every zoo model, f32 and bf16, compiled for cpu and compared with eager PyTorch.
+
+Tolerances come from the one table in llmc.compiler.diff (f32: max relative error <= 1e-5; bf16:
+cosine >= 0.999 against eager bf16); they are not picked per test.
+"""
+
+import pytest
+import torch
+
+import llmc
+from llmc.compiler import diff, export
+from llmc.models import zoo
+
+
+def eager(model, args, dtype):
+    if dtype == "f32":
+        ref_model = model
+    else:
+        tdt = export.TORCH_DTYPES[dtype]
+        ref_model = export.CastInputs(export.convert_module(model, tdt), tdt)
+    with torch.no_grad():
+        return ref_model(*args)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("name", zoo.ZOO)
+def test_zoo_matches_eager(name, dtype, tmp_path):
+    model, args, dynamic = zoo.build(name)
+    art = llmc.compile(model, args, dtype=dtype, dynamic_shapes=dynamic, output=tmp_path / f"{name}.vmfb")
+    got = llmc.load(art)(*args)
+    ref = eager(model, args, dtype)
+    assert got.dtype == ref.dtype, "outputs come back in the dtype eager returns for the converted model"
+    r = diff.compare("out", got, ref, diff.TOLERANCES[dtype])
+    assert r.passed, r
+    if dtype == "f32":
+        assert r.max_rel <= 1e-5
+    else:
+        assert r.cosine >= 0.999
+    # The user's module is never modified by compiling it in another dtype.
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_dynamic_sequence_one_artifact_many_lengths(tmp_path):
+    model, args, dynamic = zoo.build("tiny_llama")
+    mod = llmc.load(llmc.compile(model, args, dynamic_shapes=dynamic, output=tmp_path / "t.vmfb"))
+    g = torch.Generator().manual_seed(5)
+    for seq in (3, 17, 64):
+        ids = torch.randint(0, 256, (1, seq), generator=g)
+        got = mod(ids)
+        with torch.no_grad():
+            ref = model(ids)
+        assert got.shape == (1, seq, 256)
+        r = diff.compare(f"seq{seq}", got, ref, diff.TOLERANCES["f32"])
+        assert r.max_rel <= 1e-5, r
+
+
+def test_a_wrong_model_is_caught(tmp_path):
+    """The comparison itself can fail: an artifact from other weights is far off."""
+    model, args, _ = zoo.build("mlp_silu", seed=0)
+    other, _, _ = zoo.build("mlp_silu", seed=1)
+    got = llmc.load(llmc.compile(other, args, output=tmp_path / "o.vmfb"))(*args)
+    r = diff.compare("out", got, eager(model, args, "f32"), diff.TOLERANCES["f32"])
+    assert not r.passed and r.max_rel > 0.1
