@@ -1,0 +1,39 @@
+import pytest
+
+from llmc.compiler import targets
+from llmc.errors import UnsupportedTargetError
+
+
+def test_cpu_flags_follow_research():
+    r = targets.resolve("cpu", None, "f32")
+    assert r.arch == "host"
+    assert "--iree-llvmcpu-target-cpu=host" in r.iree_flags and "--iree-opt-data-tiling=true" in r.iree_flags
+    assert "--iree-dispatch-creation-block-matmul-producer-fusion=false" not in r.iree_flags
+    bf = targets.resolve("cpu", "znver4", "bf16", dynamic=True)
+    assert "--iree-llvmcpu-target-cpu=znver4" in bf.iree_flags
+    assert "--iree-global-opt-data-tiling=true" in bf.iree_flags  # dynamic shapes: see targets.py
+    assert "--iree-dispatch-creation-block-matmul-producer-fusion=false" in bf.iree_flags
+
+
+@pytest.mark.parametrize(
+    "target,arch,dtype,needle",
+    [
+        ("tpu", None, "f32", "--target='tpu'"),
+        ("cpu", "pentium9000", "f32", "--arch='pentium9000'"),
+        ("cpu", None, "f4", "--dtype='f4'"),
+        ("cpu", None, "fp8", "--dtype=fp8"),
+        ("hip", None, "f32", "--target=hip is planned"),
+    ],
+)
+def test_rejected_before_iree(target, arch, dtype, needle):
+    with pytest.raises(UnsupportedTargetError) as info:
+        targets.resolve(target, arch, dtype)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cpu_features_come_from_iree():
+    cpu, feats = targets.llvm_cpu_features("haswell")
+    assert cpu == "haswell"
+    assert "avx2" in feats and "fma" in feats and "avx512f" not in feats
+    _, skx = targets.llvm_cpu_features("skylake-avx512")
+    assert "avx512f" in skx
