@@ -76,12 +76,16 @@ def compile_model(
     probe = targets.resolve(target, arch, dtype)
     out_vmfb, name = _output_paths(output, model)
     out_irpa, out_json = out_vmfb.with_suffix(".irpa"), out_vmfb.with_suffix(".json")
-    if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
-        raise UsageError(f"{model}: no such file or directory")
+    source = {"kind": type(model).__name__}
+    if isinstance(model, (str, os.PathLike)):
+        if not Path(model).exists():
+            raise UsageError(f"{model}: no such file or directory")
+        source = _source_info(model)
+        if Path(model).suffix == ".pt2":
+            model = export.load_pt2(Path(model))  # bad files fail here, before any progress output
     phases = Phases(quiet=quiet)
 
     with phases.phase("export"):
-        source = _source_info(model)
         exported = export.export_model(
             model,
             tuple(example_args),

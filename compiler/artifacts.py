@@ -41,8 +41,16 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def temp_path(final: Path) -> Path:
+    """A fresh temp file beside `final`, with the permissions a plain open() would give (mkstemp's are 0600)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     return Path(tmp)
 
@@ -101,7 +109,7 @@ def entry_signature(ep: torch.export.ExportedProgram, function: str) -> dict:
     inputs = []
     for path, spec in zip(paths, user_specs):
         if isinstance(spec.arg, ConstantArgument):
-            inputs.append({"path": path, "kind": "constant", "value": _json_value(spec.arg.value)})
+            inputs.append({"path": path, "name": spec.arg.name, "kind": "constant", "value": _json_value(spec.arg.value)})
             continue
         val = placeholders[spec.arg.name].meta.get("val")
         if not isinstance(val, torch.Tensor):
@@ -110,7 +118,7 @@ def entry_signature(ep: torch.export.ExportedProgram, function: str) -> dict:
                 "only tensors and constant Python values are supported as inputs"
             )
         inputs.append(
-            {"path": path, "kind": "tensor", "dtype": _dtype_name(val.dtype), "shape": [_dim(d, ep) for d in val.shape]}
+            {"path": path, "name": spec.arg.name, "kind": "tensor", "dtype": _dtype_name(val.dtype), "shape": [_dim(d, ep) for d in val.shape]}
         )
 
     producers = {n.name: n for n in ep.graph.nodes}

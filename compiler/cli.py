@@ -23,9 +23,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"llmc: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
-    p.add_argument("--verbose", "-v", action="store_true", help="log what llmc does (passes, flags, timings)")
+def _add_common(p: argparse.ArgumentParser, top: bool = False) -> None:
+    # Accepted before or after the subcommand; a subcommand's default must not undo the top level's.
+    default = False if top else argparse.SUPPRESS
+    p.add_argument("--debug", action="store_true", default=default, help="show Python tracebacks on errors")
+    p.add_argument("--verbose", "-v", action="store_true", default=default, help="log what llmc does (passes, flags, timings)")
 
 
 def _add_target_options(p: argparse.ArgumentParser) -> None:
@@ -38,7 +40,7 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="llmc", description="Compile PyTorch models to IREE modules and check them against eager PyTorch.")
-    _add_common(parser)
+    _add_common(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     c = sub.add_parser("compile", help="compile a model (.pt2) to NAME.vmfb + NAME.irpa + NAME.json")

@@ -71,10 +71,21 @@ def load_pt2(path: Path) -> torch.export.ExportedProgram:
         raise ExportError(
             f"{path}: not a torch.export archive (.pt2 files are zip archives written by torch.export.save)"
         )
+    import logging
+
+    # torch logs its own multi-line warning with a traceback before raising; the error below says it.
+    torch_log = logging.getLogger("torch.export")
+    level = torch_log.level
+    torch_log.setLevel(logging.CRITICAL)
     try:
         return torch.export.load(str(path))
     except Exception as e:  # torch raises many types here; all mean "this file is not usable"
-        raise ExportError(f"{path}: torch.export.load failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        raise ExportError(
+            f"{path}: a zip file but not a loadable torch.export archive ({type(e).__name__}); "
+            "write .pt2 files with torch.export.save(torch.export.export(model, args), path)"
+        ) from e
+    finally:
+        torch_log.setLevel(level)
 
 
 def _dynamic_shapes_of(ep: torch.export.ExportedProgram):

@@ -44,8 +44,9 @@ def compile_mlir(
     import time
 
     output = Path(output)
-    fd, tmp_out = tempfile.mkstemp(prefix=f".{output.stem}.", suffix=".vmfb.tmp", dir=output.parent)
-    os.close(fd)
+    from llmc.compiler.artifacts import temp_path
+
+    tmp_out = str(temp_path(output))
     work = Path(tempfile.mkdtemp(prefix="llmc-compile-"))
     src = work / "input.mlir"
     src.write_text(mlir_text)

@@ -24,8 +24,10 @@ class Phases:
         if not self.quiet:
             ticker = threading.Thread(target=self._tick, args=(name, start, stop), daemon=True)
             ticker.start()
+        ok = False
         try:
             yield
+            ok = True
         finally:
             stop.set()
             if ticker is not None:
@@ -33,8 +35,8 @@ class Phases:
             elapsed = time.perf_counter() - start
             self.timings[name] = self.timings.get(name, 0.0) + elapsed
             if not self.quiet and elapsed >= 1.0:
-                end = "\n"
-                self._write(f"llmc: {name} done in {elapsed:.1f}s{end}", clear=True)
+                status = "done" if ok else "failed"
+                self._write(f"llmc: {name} {status} after {elapsed:.1f}s\n", clear=True)
 
     def _tick(self, name: str, start: float, stop: threading.Event):
         # Nothing is printed for phases under a second; after that, a line that updates in place

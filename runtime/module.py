@@ -108,7 +108,11 @@ class EntryPoint:
     def _flatten(self, args, kwargs):
         import torch.utils._pytree as pytree
 
-        leaves, _ = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
+        import torch
+
+        # A list of plain numbers is one (wrong) argument, not many: keep it whole for the error.
+        plain = lambda x: isinstance(x, list) and x and not any(isinstance(i, (torch.Tensor, np.ndarray, list, tuple, dict)) for i in x)
+        leaves, _ = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)), is_leaf=plain)
         return [(pytree.keystr(p), v) for p, v in leaves]
 
     def convert_inputs(self, args, kwargs) -> list:
@@ -125,7 +129,7 @@ class EntryPoint:
             )
         arrays = []
         for i, e in enumerate(expected):
-            where = f"{self.name}: input {e['path']}"
+            where = f"{self.name}: input {e['name']!r} ({e['path']})" if e.get("name") else f"{self.name}: input {e['path']}"
             if e["path"] not in given:
                 raise InputError(f"{where} is missing; the module was compiled for {self.signature_text()}")
             v = given[e["path"]]
@@ -154,6 +158,7 @@ class EntryPoint:
             dtype_name = {"bool": "bool"}.get(dtype_name, dtype_name)
         else:
             raise InputError(f"{where}: expected a torch tensor or numpy array, got {type(v).__name__}")
+
         if dtype_name != e["dtype"]:
             raise InputError(f"{where}: expected dtype {e['dtype']}, got {dtype_name} (shape {list(arr.shape)})")
         shape = list(arr.shape)

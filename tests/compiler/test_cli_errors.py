@@ -117,12 +117,6 @@ def test_compile_zip_not_export_archive_exit_code_and_no_files(model_dir, work):
     assert snapshot(work, model_dir) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compiler/export.py load_pt2: torch.export.load logs its own warning with a full 'Traceback (most "
-    "recent call last)' to stderr before llmc's error, the error line says 'Please check the warnings above', "
-    "and compiler/progress.py prints 'llmc: export ... / export done in N s' for the failed phase",
-)
 def test_compile_zip_not_export_archive_one_line_error(model_dir, work):
     proc = run_cli("compile", model_dir / "notexport.pt2", "-o", "out/notexport.vmfb", cwd=work)
     line = assert_one_line_error(proc, "notexport.pt2")
@@ -191,11 +185,6 @@ def test_debug_shows_traceback(work):
     assert list((work / "out").iterdir()) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compiler/cli.py: --debug is added to both the top-level parser and each subparser (_add_common); "
-    "the subparser's default False overwrites a top-level `llmc --debug compile ...`, so no traceback is shown",
-)
 def test_debug_before_subcommand_shows_traceback(work):
     proc = run_cli("--debug", "compile", "nope.pt2", "-o", "out/nope.vmfb", cwd=work)
     assert proc.returncode == 2

@@ -1,0 +1,239 @@
+"""Calls into a loaded module are checked against the manifest signature before IREE sees them,
+and a module that can't run here refuses to load with RuntimeLoadError.
+
+One artifact for the whole file: the zoo `attention` model, dynamic in dim 1 (2..128).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import llmc
+from llmc.compiler import diff
+from llmc.errors import InputError, RuntimeLoadError
+from llmc.models import zoo
+from llmc.runtime import module as rt_module
+
+F32 = diff.TOLERANCES["f32"]
+INPUT = "[0][0]"  # how the manifest (and the messages) name the first positional input
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    model, args, dynamic = zoo.build("attention")
+    out = tmp_path_factory.mktemp("attention") / "attention.vmfb"
+    art = llmc.compile(model, args, output=out, dynamic_shapes=dynamic)
+    return model, args, art
+
+
+@pytest.fixture(scope="module")
+def mod(compiled):
+    return llmc.load(compiled[2])
+
+
+def x_of(seq: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    return torch.randn(batch, seq, 64, generator=torch.Generator().manual_seed(seed))
+
+
+def eager(model, x):
+    with torch.no_grad():
+        return model(x)
+
+
+def test_signature_recorded(compiled):
+    """The checks below rely on this: one f32 input [1, seq:2..128, 64]."""
+    (entry,) = compiled[2].read_manifest()["entry_points"].values()
+    (inp,) = entry["inputs"]
+    assert inp["path"] == INPUT and inp["dtype"] == "float32"
+    assert inp["shape"][0] == 1 and inp["shape"][2] == 64
+    assert (inp["shape"][1]["min"], inp["shape"][1]["max"]) == (2, 128)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.int32, torch.float16])
+def test_wrong_dtype(mod, dtype):
+    x = x_of(8).to(dtype)
+    with pytest.raises(InputError) as ei:
+        mod(x)
+    msg = str(ei.value)
+    got = str(dtype).removeprefix("torch.")
+    assert INPUT in msg
+    assert "expected dtype float32" in msg and f"got {got}" in msg, msg
+    assert ei.value.exit_code == 2
+
+
+def test_wrong_dtype_numpy(mod):
+    with pytest.raises(InputError, match=r"expected dtype float32, got float64"):
+        mod(x_of(8).numpy().astype(np.float64))
+
+
+SHAPE_RE = r"expected shape \[1, \w+:2\.\.128, 64\], got {}"
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 8, 32), (2, 8, 64), (1, 8, 65)],
+    ids=["last-dim", "batch", "last-dim-plus-one"],
+)
+def test_wrong_static_dim(mod, shape):
+    with pytest.raises(InputError) as ei:
+        mod(torch.randn(*shape))
+    msg = str(ei.value)
+    assert INPUT in msg
+    assert re.search(SHAPE_RE.format(re.escape(str(list(shape)))), msg), msg
+
+
+@pytest.mark.parametrize("seq", [1, 129, 500])
+def test_dynamic_dim_out_of_range(mod, seq):
+    with pytest.raises(InputError) as ei:
+        mod(x_of(seq))
+    assert re.search(SHAPE_RE.format(re.escape(f"[1, {seq}, 64]")), str(ei.value)), str(ei.value)
+
+
+@pytest.mark.parametrize("seq", [2, 128])
+def test_dynamic_dim_range_ends_are_accepted(compiled, mod, seq):
+    model = compiled[0]
+    x = x_of(seq, seed=seq)
+    got = mod(x)
+    assert got.shape == (1, seq, 64)
+    assert diff.compare(f"seq{seq}", got, eager(model, x), F32).max_rel <= 1e-5
+
+
+@pytest.mark.parametrize("shape", [(8, 64), (1, 1, 8, 64), (64,)], ids=["rank2", "rank4", "rank1"])
+def test_wrong_rank(mod, shape):
+    with pytest.raises(InputError) as ei:
+        mod(torch.randn(*shape))
+    assert re.search(SHAPE_RE.format(re.escape(str(list(shape)))), str(ei.value)), str(ei.value)
+
+
+def test_missing_argument(mod):
+    with pytest.raises(InputError) as ei:
+        mod()
+    msg = str(ei.value)
+    assert f"input 'x' ({INPUT}) is missing" in msg
+    assert "float32[1, " in msg and ":2..128, 64]" in msg  # says what the module takes
+
+
+def test_extra_positional_argument(mod):
+    x = x_of(8)
+    with pytest.raises(InputError) as ei:
+        mod(x, x)
+    assert "unexpected argument(s) [0][1]" in str(ei.value)
+
+
+def test_extra_keyword_argument(mod):
+    x = x_of(8)
+    with pytest.raises(InputError) as ei:
+        mod(x, mask=x)
+    assert "unexpected argument(s) [1]['mask']" in str(ei.value)
+
+
+def test_not_a_tensor(mod):
+    with pytest.raises(InputError):
+        mod("not a tensor")
+
+
+def test_numpy_input_same_as_torch(compiled, mod):
+    model = compiled[0]
+    x = x_of(8, seed=3)
+    got_t = mod(x)
+    got_n = mod(x.numpy())
+    assert isinstance(got_n, torch.Tensor) and got_n.dtype == torch.float32
+    assert torch.equal(got_n, got_t)
+    assert diff.compare("numpy", got_n, eager(model, x), F32).max_rel <= 1e-5
+
+
+def test_non_contiguous_input(compiled, mod):
+    model = compiled[0]
+    x = torch.randn(1, 64, 9, generator=torch.Generator().manual_seed(4)).transpose(1, 2)  # [1, 9, 64], strided
+    assert not x.is_contiguous()
+    r = diff.compare("strided", mod(x), eager(model, x), F32)
+    assert r.max_rel <= 1e-5, r
+
+
+@pytest.mark.parametrize("seq", [3, 17, 64])
+def test_matches_eager_across_lengths(compiled, mod, seq):
+    model = compiled[0]
+    x = x_of(seq, seed=seq)
+    got = mod(x)
+    ref = eager(model, x)
+    assert got.shape == ref.shape == (1, seq, 64)
+    r = diff.compare(f"seq{seq}", got, ref, F32)
+    assert r.passed and r.max_rel <= 1e-5, r
+
+
+def test_a_rejected_call_leaves_the_module_usable(compiled, mod):
+    with pytest.raises(InputError):
+        mod(x_of(500))
+    x = x_of(5, seed=9)
+    assert diff.compare("after", mod(x), eager(compiled[0], x), F32).max_rel <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def copy_artifact(art, dest: Path, *, manifest: bool = True) -> Path:
+    dest.mkdir()
+    for p in (art.vmfb, art.params, art.manifest if manifest else None):
+        if p is not None:
+            shutil.copy2(p, dest / p.name)
+    return dest / art.vmfb.name
+
+
+def test_copied_artifact_loads_and_runs(compiled, tmp_path):
+    """Control for the tests below: an unmodified copy works."""
+    model, _, art = compiled
+    vmfb = copy_artifact(art, tmp_path / "copy")
+    x = x_of(6, seed=6)
+    assert diff.compare("copy", llmc.load(vmfb)(x), eager(model, x), F32).max_rel <= 1e-5
+
+
+def test_missing_manifest(compiled, tmp_path):
+    art = compiled[2]
+    vmfb = copy_artifact(art, tmp_path / "nomanifest", manifest=False)
+    assert not vmfb.with_suffix(".json").exists() and vmfb.exists()
+    with pytest.raises(RuntimeLoadError) as ei:
+        llmc.load(vmfb)
+    msg = str(ei.value)
+    assert str(vmfb.with_suffix(".json")) in msg and "manifest not found" in msg, msg
+
+
+def test_missing_vmfb(tmp_path):
+    with pytest.raises(RuntimeLoadError, match="no such file"):
+        llmc.load(tmp_path / "absent.vmfb")
+
+
+def test_missing_cpu_features():
+    assert rt_module.missing_cpu_features(["avx512f", "avx2"], {"avx2"}) == ["avx512f"]
+    assert rt_module.missing_cpu_features(["avx512f", "avx2"], {"avx2", "avx512f"}) == []
+    # LLVM names map to /proc/cpuinfo names; features no refusal is made for are ignored.
+    assert rt_module.missing_cpu_features(["sse4.1", "amx-tile"], {"sse4_1"}) == ["amx-tile"]
+    assert rt_module.missing_cpu_features(["sse4.1", "amx-tile"], {"sse4_1", "amx_tile"}) == []
+    assert rt_module.missing_cpu_features(["64bit", "cx16"], set()) == []
+    assert rt_module.missing_cpu_features(["avx512f"], None) == []  # unknown host: no refusal
+
+
+def test_module_needing_absent_cpu_feature_is_refused(compiled, tmp_path):
+    flags = rt_module.host_cpu_flags()
+    if flags is None or "amx_tile" in flags:
+        pytest.skip("needs a Linux CPU without amx_tile")
+    art = compiled[2]
+    vmfb = copy_artifact(art, tmp_path / "amx")
+    manifest_path = vmfb.with_suffix(".json")
+    m = json.loads(manifest_path.read_text())
+    assert m["target"]["backend"] == "llvm-cpu"
+    assert "amx-tile" not in m["target"]["cpu_features"]
+    m["target"]["cpu_features"].append("amx-tile")
+    manifest_path.write_text(json.dumps(m))
+    with pytest.raises(RuntimeLoadError) as ei:
+        llmc.load(vmfb)
+    msg = str(ei.value)
+    assert "amx-tile" in msg and "recompile with --arch host" in msg, msg
+    assert str(vmfb) in msg
