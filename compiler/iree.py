@@ -54,8 +54,12 @@ def compile_mlir(
     start = time.perf_counter()
     with open(work / "stderr.txt", "w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **(extra_env or {})})
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        # Peak RSS of iree-compile itself: its VmHWM, polled. (wait4's ru_maxrss is no good here: on
+        # Linux it starts from the Python parent's size at fork, ~1 GB with a 125M model loaded.)
+        peak_kb = 0
+        while proc.poll() is None:
+            peak_kb = max(peak_kb, _vm_hwm_kb(proc.pid))
+            time.sleep(0.05)
         err.seek(0)
         diagnostics = err.read()
     seconds = time.perf_counter() - start
@@ -74,7 +78,18 @@ def compile_mlir(
         )
     os.replace(tmp_out, output)
     _cleanup(work)
-    return CompileRun(command=cmd, peak_rss_mb=usage.ru_maxrss / 1024.0, seconds=seconds)
+    return CompileRun(command=cmd, peak_rss_mb=peak_kb / 1024.0, seconds=seconds)
+
+
+def _vm_hwm_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _repro_cmd(cmd: list[str], saved: Path) -> list[str]:

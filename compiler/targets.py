@@ -175,15 +175,19 @@ def resolve(target: str, arch: str | None, dtype: str, *, dynamic: bool = False)
             "--iree-hal-target-device=local",
             "--iree-hal-local-target-device-backends=llvm-cpu",
             f"--iree-llvmcpu-target-cpu={arch}",
-            # Data tiling is the largest single CPU gain (off by default in 3.13). The default route
-            # (--iree-opt-data-tiling) crashes on batch matmuls with two dynamic dims (attention
-            # scores with a dynamic sequence): "'affine.delinearize_index' op no basis element may
-            # be statically non-positive". The older global-opt route (pack/mmt4d/unpack, measured
-            # within 10% of it) compiles those, so dynamic modules take it.
-            "--iree-global-opt-data-tiling=true" if dynamic else "--iree-opt-data-tiling=true",
             # f64 is kept, never silently demoted to f32 (DESIGN.md call semantics).
             "--iree-input-demote-f64-to-f32=false",
         ]
+        if dtype == "f32":
+            # Data tiling is the largest single CPU gain for f32 (off by default in 3.13). The
+            # default route (--iree-opt-data-tiling) crashes on batch matmuls with two dynamic dims
+            # (attention scores with a dynamic sequence): "'affine.delinearize_index' op no basis
+            # element may be statically non-positive". The older global-opt route
+            # (pack/mmt4d/unpack, measured within 10% of it) compiles those.
+            # Not for bf16/f16 compute: on a CPU without avx512_bf16 a data-tiled bf16 matmul ran
+            # at 1.4 GFLOP/s vs 55 in f32 (125M Llama prefill 7.0 s with data tiling, 0.106 s
+            # without; tools/bench_compile_size.py --dtype bf16).
+            flags.append("--iree-global-opt-data-tiling=true" if dynamic else "--iree-opt-data-tiling=true")
         if dtype in ("bf16", "f16", "fp8"):
             flags.append("--iree-dispatch-creation-block-matmul-producer-fusion=false")
         return ResolvedTarget(caps, arch, dtype, tuple(flags))
