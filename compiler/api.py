@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import platform
@@ -129,7 +130,7 @@ def compile_model(
                 source, resolved, signature, store, mutable, stats, skipped, run, tmp_irpa, out_irpa, phases
             )
             manifest_tmp = artifacts.temp_path(out_json)
-            manifest_tmp.write_text(__import__("json").dumps(manifest, indent=2) + "\n")
+            manifest_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
         # All three exist: move them into place (parameters first, manifest last).
         if tmp_irpa is not None:
             os.replace(tmp_irpa, out_irpa)

@@ -55,12 +55,6 @@ def temp_path(final: Path) -> Path:
     return Path(tmp)
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = temp_path(path)
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------------------------------
 # Signature: what the runtime checks calls against.
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -102,11 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_compile(args) -> int:
     from llmc.compiler.api import compile_model
 
-    model = Path(args.model)
-    if not model.exists():
-        raise UsageError(f"{model}: no such file or directory")
     art = compile_model(
-        model,
+        Path(args.model),  # compile_model validates the path, target and output before any work
         target=args.target,
         dtype=args.dtype,
         arch=args.arch,
@@ -192,7 +188,7 @@ def cmd_diff(args) -> int:
         raise UsageError(f"--tolerance-profile={profile}: choose one of auto, {', '.join(diff.TOLERANCES)}")
     ep = export.load_pt2(model)
     entry = mod.manifest["entry_points"][mod.default_entry]
-    inputs, kwargs = diff.random_inputs(entry, args.seed, diff._int_high(ep), args.seq)
+    inputs, kwargs = diff.random_inputs(entry, args.seed, diff.int_high(ep), args.seq)
     import torch
 
     with torch.no_grad():

@@ -92,7 +92,7 @@ def tensor_leaves(value) -> list[torch.Tensor]:
     return [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
 
 
-def _int_high(ep) -> int:
+def int_high(ep) -> int:
     """Upper bound for random integer inputs: the smallest embedding table's row count (16 if none)."""
     highs = []
     for n in ep.graph.nodes:
@@ -105,8 +105,6 @@ def _int_high(ep) -> int:
 
 def random_inputs(entry: dict, seed: int, int_high: int, seq: int | None = None) -> tuple[tuple, dict]:
     """Seeded inputs matching the entry's signature; dynamic dims take `seq` clamped to their range."""
-    import torch.utils._pytree as pytree
-
     g = torch.Generator().manual_seed(seed)
     leaves = []
     for e in entry["inputs"]:

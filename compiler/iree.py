@@ -38,7 +38,6 @@ def compile_mlir(
     *,
     repro_dir: Path,
     target_name: str,
-    extra_env: dict | None = None,
 ) -> CompileRun:
     """Compile torch-dialect MLIR text to `output` (written atomically). Raises CompileError on failure."""
     import time
@@ -53,7 +52,7 @@ def compile_mlir(
     cmd = [iree_compile_path(), str(src), "--iree-input-type=torch", *flags, "-o", tmp_out]
     start = time.perf_counter()
     with open(work / "stderr.txt", "w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **(extra_env or {})})
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         # Peak RSS of iree-compile itself: its VmHWM, polled. (wait4's ru_maxrss is no good here: on
         # Linux it starts from the Python parent's size at fork, ~1 GB with a 125M model loaded.)
         peak_kb = 0

@@ -155,10 +155,8 @@ class EntryPoint:
         elif isinstance(v, np.ndarray) or np.isscalar(v):
             arr = np.ascontiguousarray(v)
             dtype_name = "bfloat16" if arr.dtype == _np_dtype("bfloat16") else str(arr.dtype)
-            dtype_name = {"bool": "bool"}.get(dtype_name, dtype_name)
         else:
             raise InputError(f"{where}: expected a torch tensor or numpy array, got {type(v).__name__}")
-
         if dtype_name != e["dtype"]:
             raise InputError(f"{where}: expected dtype {e['dtype']}, got {dtype_name} (shape {list(arr.shape)})")
         shape = list(arr.shape)

@@ -195,14 +195,14 @@ def main() -> int:
             irpa_bytes = art.params.stat().st_size if art.params else 0
             params = man.get("params") or {}
             print(f"compile wall time: {compile_s:.1f}s")
-            print(f"phase seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in man["compile"]["seconds"].items()))
+            print("phase seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in man["compile"]["seconds"].items()))
             print(f"vmfb size: {vmfb_bytes:,} bytes ({vmfb_bytes / 1024:.1f} KiB)")
             print(f"irpa size: {irpa_bytes:,} bytes ({irpa_bytes / MB:.1f} MiB); manifest params: "
                   f"{params.get('count')} tensors, {params.get('bytes', 0):,} bytes")
             print(f"iree-compile peak RSS (manifest compile.iree_compile_peak_rss_mb): "
                   f"{man['compile']['iree_compile_peak_rss_mb']:.1f} MB")
             hwm = child_rss.peak_mb
-            print(f"iree-compile peak RSS (its VmHWM, polled every 50 ms): "
+            print("iree-compile peak RSS (its VmHWM, polled every 50 ms): "
                   + ("n/a" if hwm is None else f"{hwm:.1f} MB"))
             print(f"process peak RSS (RUSAGE_SELF, after compile): {rss_after_compile:.1f} MB")
             irpa_ratio = irpa_bytes / weight_bytes

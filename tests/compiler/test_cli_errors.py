@@ -99,6 +99,7 @@ def test_compile_missing_model_default_output(work):
     proc = run_cli("compile", "nope.pt2", cwd=work)
     assert_one_line_error(proc, "nope.pt2")
     assert snapshot(work) == before
+    assert snapshot(work) == before
 
 
 def test_compile_random_bytes_pt2(model_dir, work):
