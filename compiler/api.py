@@ -75,8 +75,7 @@ def compile_model(
     """
     # Validate everything cheap before any expensive work.
     probe = targets.resolve(target, arch, dtype)
-    out_vmfb, name = _output_paths(output, model)
-    out_irpa, out_json = out_vmfb.with_suffix(".irpa"), out_vmfb.with_suffix(".json")
+    out_vmfb, _ = _output_paths(output, model)
     source = {"kind": type(model).__name__}
     if isinstance(model, (str, os.PathLike)):
         if not Path(model).exists():
@@ -95,23 +94,57 @@ def compile_model(
             dynamic_shapes=dynamic_shapes,
             attention=probe.caps.attention,
         )
-    resolved = targets.resolve(target, arch, dtype, dynamic=_is_dynamic(exported.program))
-    if extra_iree_flags:
-        bad = [f for f in extra_iree_flags if not f.startswith("--")]
-        if bad:
-            raise UsageError(f"--iree-flag {bad[0]!r}: IREE flags start with '--', e.g. --iree-flag=--iree-opt-level=O3")
-        resolved = dataclasses.replace(resolved, iree_flags=(*resolved.iree_flags, *extra_iree_flags))
+    resolved = with_extra_flags(targets.resolve(target, arch, dtype, dynamic=_is_dynamic(exported.program)), extra_iree_flags)
     signature = artifacts.entry_signature(exported.program, "main")
+    return build_artifact(
+        [(exported, "main", signature)],
+        resolved=resolved,
+        source=source,
+        out_vmfb=out_vmfb,
+        phases=phases,
+        dump_ir=dump_ir,
+        repro_dir=repro_dir,
+    )
 
+
+def with_extra_flags(resolved, extra_iree_flags):
+    if not extra_iree_flags:
+        return resolved
+    bad = [f for f in extra_iree_flags if not f.startswith("--")]
+    if bad:
+        raise UsageError(f"--iree-flag {bad[0]!r}: IREE flags start with '--', e.g. --iree-flag=--iree-opt-level=O3")
+    return dataclasses.replace(resolved, iree_flags=(*resolved.iree_flags, *extra_iree_flags))
+
+
+def build_artifact(
+    entries,
+    *,
+    resolved,
+    source: dict,
+    out_vmfb: Path,
+    phases: Phases,
+    dump_ir=None,
+    repro_dir=None,
+    tied_results: dict | None = None,
+    extra_manifest: dict | None = None,
+) -> Artifact:
+    """Import exported programs into one module, run the passes, write .irpa, compile, write the manifest.
+
+    entries: [(Exported, function name, signature)]; the first is the default entry point.
+    All three files are written to temp names and renamed into place only when all of them exist.
+    """
+    name = out_vmfb.stem
+    out_irpa, out_json = out_vmfb.with_suffix(".irpa"), out_vmfb.with_suffix(".json")
     with phases.phase("import"):
-        module, store, mutable = importer.import_exported(exported, func_name="main")
+        module, store, mutable = importer.import_programs([(e, f) for e, f, _ in entries], tied_results)
 
     with phases.phase("passes"):
-        passes, skipped = pipeline.build(resolved.caps.backend, dtype)
+        passes, skipped = pipeline.build(resolved.caps.backend, resolved.dtype)
         stats = pipeline.run_passes(module, passes, Path(dump_ir) if dump_ir else None)
         mlir_text = str(module)
     del module
 
+    partial_vmfb = out_vmfb.with_name(f".{name}.partial.vmfb")
     tmp_irpa = artifacts.temp_path(out_irpa) if store.tensors else None
     try:
         if tmp_irpa is not None:
@@ -120,15 +153,17 @@ def compile_model(
         with phases.phase("iree-compile"):
             run = iree.compile_mlir(
                 mlir_text,
-                out_vmfb.with_name(f".{name}.partial.vmfb"),
+                partial_vmfb,
                 list(resolved.iree_flags),
                 repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent,
                 target_name=resolved.name,
             )
         with phases.phase("write manifest"):
+            signatures = {f: sig for _, f, sig in entries}
             manifest = _manifest(
-                source, resolved, signature, store, mutable, stats, skipped, run, tmp_irpa, out_irpa, phases
+                source, resolved, signatures, store, mutable, stats, skipped, run, tmp_irpa, out_irpa, phases
             )
+            manifest.update(extra_manifest or {})
             manifest_tmp = artifacts.temp_path(out_json)
             manifest_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
         # All three exist: move them into place (parameters first, manifest last).
@@ -136,10 +171,10 @@ def compile_model(
             os.replace(tmp_irpa, out_irpa)
         elif out_irpa.exists():
             out_irpa.unlink()  # a stale archive from an earlier compile would be picked up by load()
-        os.replace(out_vmfb.with_name(f".{name}.partial.vmfb"), out_vmfb)
+        os.replace(partial_vmfb, out_vmfb)
         os.replace(manifest_tmp, out_json)
     finally:
-        for p in (tmp_irpa, out_vmfb.with_name(f".{name}.partial.vmfb")):
+        for p in (tmp_irpa, partial_vmfb):
             if p is not None and Path(p).exists():
                 Path(p).unlink()
     log.info("compiled %s in %s", out_vmfb, ", ".join(f"{k} {v:.1f}s" for k, v in phases.timings.items()))
@@ -158,7 +193,7 @@ def _versions() -> dict:
     return out
 
 
-def _manifest(source, resolved, signature, store, mutable, stats, skipped, run, tmp_irpa, out_irpa, phases) -> dict:
+def _manifest(source, resolved, signatures, store, mutable, stats, skipped, run, tmp_irpa, out_irpa, phases) -> dict:
     caps = resolved.caps
     target = {
         "name": caps.name,
@@ -183,7 +218,7 @@ def _manifest(source, resolved, signature, store, mutable, stats, skipped, run, 
             "mutable_state": mutable,
         }
     uses_f64 = any(
-        e.get("dtype") in ("float64", "complex128") for e in signature["inputs"]
+        e.get("dtype") in ("float64", "complex128") for sig in signatures.values() for e in sig["inputs"]
     ) or any(t.dtype == torch.float64 for t in store.tensors.values())
     return {
         "format": "llmc-manifest/1",
@@ -195,8 +230,8 @@ def _manifest(source, resolved, signature, store, mutable, stats, skipped, run, 
         "iree_flags": ["--iree-input-type=torch", *resolved.iree_flags],
         "passes": [s.as_dict() for s in stats],
         "passes_skipped": skipped,
-        "entry_points": {"main": signature},
-        "default_entry": "main",
+        "entry_points": signatures,
+        "default_entry": next(iter(signatures)),
         "runtime_device": "local-task" if caps.device == "local" else caps.device,
         "params": params,
         "compile": {

@@ -121,11 +121,18 @@ def _for_varargs(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes):
     return {"args": by_pos, "kwargs": by_name} if kwargs else {"args": by_pos}
 
 
+def _slice_copy(x, dim=0, start=None, end=None, step=1):
+    return torch.ops.aten.slice.Tensor(x, dim, start, end, step)
+
+
 def decomposition_table(attention: str) -> dict:
     """torch-mlir's decomposition table; SDPA is kept whole unless `attention == "decompose"`."""
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     table = get_decomposition_table()
+    # torch-mlir has no lowering for aten.slice_copy; it is a slice in value semantics. (llmc's Llama
+    # decode uses slice_copy to stop torch.export from guarding on a full-length dynamic slice.)
+    table[torch.ops.aten.slice_copy.Tensor] = _slice_copy
     if attention != "decompose":
         table = {k: v for k, v in table.items() if "scaled_dot_product" not in str(k)}
     return table
@@ -171,7 +178,7 @@ def export_model(
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
         if target_dtype == torch.float32:
-            return Exported(_decompose(ep, attention))
+            return Exported(decompose(ep, attention))
         # Changing dtype means re-exporting: the ExportedProgram's graph has its dtypes baked in.
         if example_args or example_kwargs:
             args, kwargs = tuple(example_args), dict(example_kwargs)
@@ -202,10 +209,10 @@ def export_model(
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ExportError(f"torch.export failed: {type(e).__name__}: {msg}") from e
-    return Exported(_decompose(ep, attention), strip_prefix)
+    return Exported(decompose(ep, attention), strip_prefix)
 
 
-def _decompose(ep: torch.export.ExportedProgram, attention: str) -> torch.export.ExportedProgram:
+def decompose(ep: torch.export.ExportedProgram, attention: str) -> torch.export.ExportedProgram:
     try:
         return ep.run_decompositions(decomposition_table(attention))
     except Exception as e:

@@ -103,6 +103,7 @@ def make_hooks(store: ParamStore, name_of=lambda fqn: fqn):
 
     class ExternalizeParams(FxImporterHooks):
         def __init__(self):
+            self.name_of = name_of  # reset per program when several are imported into one module
             self.module_op = None
             self.globals: dict[str, str] = {}  # param name -> symbol
             self.mutable: set[str] = set()
@@ -152,18 +153,18 @@ def make_hooks(store: ParamStore, name_of=lambda fqn: fqn):
             if not isinstance(value, torch.Tensor) or value.dtype not in _EXTERNAL_DTYPES:
                 return None
             mutable = info.store_producer_node is not None
-            return self._load(gni, name_of(info.input_spec.target), value, mutable)
+            return self._load(gni, self.name_of(info.input_spec.target), value, mutable)
 
         def resolve_literal(self, gni, literal, info):
             if not isinstance(literal, torch.Tensor) or literal.dtype not in _EXTERNAL_DTYPES:
                 return None
             if info is not None:
-                return self._load(gni, name_of(info.input_spec.target), literal, False)
+                return self._load(gni, self.name_of(info.input_spec.target), literal, False)
             self.n_constants += 1
             return self._load(gni, f"__constant_{self.n_constants - 1}", literal, False)
 
         def store_produced_value(self, gni, py_value, produced_ir_value, info):
-            name, _ = store.add(name_of(info.input_spec.target), py_value)
+            name, _ = store.add(self.name_of(info.input_spec.target), py_value)
             if name not in self.mutable:
                 raise CompileError(f"buffer {info.input_spec.target} is mutated but was not imported as mutable")
             tensor_type = _builtin_tensor_type(ir, py_value.shape, py_value.dtype)
@@ -180,25 +181,66 @@ def make_hooks(store: ParamStore, name_of=lambda fqn: fqn):
 
 
 def import_exported(exported, func_name: str = "main"):
-    """Import one exported program; returns (torch-dialect module text, ParamStore, mutated buffer names)."""
+    """Import one exported program; returns (torch-dialect module, ParamStore, mutated buffer names)."""
+    return import_programs([(exported, func_name)])
+
+
+def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = None):
+    """Import several exported programs as functions of ONE module sharing one ParamStore.
+
+    programs: [(Exported, func_name)]. Tensors shared between the programs (the same storage, as
+    when prefill and decode wrap one model) become one parameter. tied_results: {func_name:
+    {result_index: argument_index}} marks results that IREE must write into the given argument's
+    buffer (`iree.abi.tied`), e.g. an updated KV cache. Returns (module, ParamStore, mutable names).
+    """
     from torch_mlir import fx, ir
     from torch_mlir.compiler_utils import OutputType, TorchMlirCompilerError
     from torch_mlir.dialects import torch as torch_d
     from torch_mlir.extras.fx_importer import FxImporter
 
     store = ParamStore()
-    hooks = make_hooks(store, exported.param_name)
+    hooks = make_hooks(store)
     ctx = ir.Context()
     torch_d.register_dialect(ctx)
     importer = FxImporter(context=ctx, hooks=hooks)
-    try:
-        importer.import_program(exported.program, func_name=func_name)
-    except Exception as e:
-        raise CompileError(f"torch-mlir FX import failed: {type(e).__name__}: {e}") from e
+    for exported, func_name in programs:
+        hooks.name_of = exported.param_name
+        try:
+            importer.import_program(exported.program, func_name=func_name)
+        except Exception as e:
+            raise CompileError(f"torch-mlir FX import of {func_name} failed: {type(e).__name__}: {e}") from e
     try:
         module = fx._module_lowering(False, False, OutputType.TORCH, importer.module)
     except TorchMlirCompilerError as e:
         raise CompileError(f"torch-mlir lowering to the torch backend contract failed:\n{e}") from e
+    if tied_results:
+        _tie_results(module, tied_results)
     return module, store, sorted(hooks.mutable)
 
 
+def _tie_results(module, tied: dict[str, dict[int, int]]) -> None:
+    """Set `iree.abi.tied = ARG : index` on the given results of the given functions.
+
+    IREE's torch input conversion reads this attribute: the result is then written into (and
+    returned as) the argument's buffer, so an updated KV cache is never copied.
+    """
+    from torch_mlir import ir
+
+    with module.context:
+        funcs = {
+            ir.StringAttr(op.attributes["sym_name"]).value: op
+            for op in module.body.operations
+            if op.operation.name == "func.func"
+        }
+        for name, mapping in tied.items():
+            if name not in funcs:
+                raise CompileError(f"cannot tie results of {name}: no such function in the imported module")
+            op = funcs[name]
+            n_results = len(ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value).results)
+            attrs = []
+            for r in range(n_results):
+                if r in mapping:
+                    attrs.append(ir.DictAttr.get({"iree.abi.tied": ir.Attribute.parse(f"{mapping[r]} : index")}))
+                else:
+                    attrs.append(ir.DictAttr.get({}))
+            op.attributes["res_attrs"] = ir.ArrayAttr.get(attrs)

@@ -256,6 +256,7 @@ class Module:
                 modules.append(rt.create_hal_module(config.vm_instance, config.device))
                 modules.append(rt.VmModule.mmap(config.vm_instance, str(self.vmfb)))
                 self._vm = rt.load_vm_modules(*modules, config=config)[-1]
+                self._config = config
             except Exception as e:
                 raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {str(e).splitlines()[0]}") from e
         return self._vm
@@ -289,6 +290,22 @@ class Module:
             raise RuntimeLoadError(f"{self.vmfb}: unknown output structure {kind!r} in the manifest")
 
         return build(structure)
+
+    @property
+    def _device(self):
+        self._vm_module_handle()
+        return self._config.device
+
+    def generate(self, prompt_ids, max_new_tokens: int = 32, **options) -> list[int]:
+        """Generate `max_new_tokens` token ids after `prompt_ids` (a language-model module only).
+
+        Greedy by default; `temperature`, `top_k`, `top_p` and `seed` select seeded sampling. Stops
+        early at the model's end-of-sequence id unless `stop_at_eos=False`. The KV cache stays on the
+        device for the whole call. Returns the new ids (the eos id included when it ends the run).
+        """
+        from llmc.runtime.generate import Generator
+
+        return Generator(self).generate(prompt_ids, max_new_tokens, **options)
 
     def __getattr__(self, name):
         eps = self.__dict__.get("entry_points", {})

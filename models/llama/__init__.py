@@ -1,0 +1,1 @@
+"""Llama family: config, export-friendly definition, Meta/HF checkpoint loaders."""

@@ -1,0 +1,288 @@
+"""An export-friendly Llama: one definition for eager reference, prefill and decode with a KV cache.
+
+Parameter names are exactly Hugging Face `LlamaForCausalLM`'s (`model.layers.3.self_attn.q_proj.weight`,
+...), so an HF state dict loads as it is and the Meta loader converts to these names (and to the
+rotate-half rotary layout) once. The math follows the reference implementations step for step
+(RMSNorm in f32 then cast back, cos/sin computed in f32 and cast to the activation dtype, SwiGLU),
+because the acceptance tests compare greedy tokens with `transformers` eager.
+
+Entry points for generation (`LlamaPrefill`, `LlamaDecode`) take the KV cache as explicit tensors
+and return the updated cache (research/kv-cache.md, variant c_tied): one cache tensor per layer for
+K and one for V, `[1, n_kv_heads, max_seq_len, head_dim]`. The compiler marks each returned cache
+as tied to its input (`iree.abi.tied`), so IREE writes the new rows into the caller's buffer in place
+and never copies the cache.
+
+Decode attends only to the live prefix of the cache, not all of it: the number of live positions L
+arrives as the length of `attention_mask` ([1, L], ones), a dynamic dimension, so the attention
+work of a step is proportional to L and not to max_seq_len (the same trick as sharktank's
+`seq_block_ids`, whose dynamic length carries the page count).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from llmc.models.llama.config import LlamaConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+    """Rotary inverse frequencies, with Llama-3.1's frequency-dependent scaling when configured.
+
+    Llama 3.1 leaves high frequencies (wavelength shorter than original_context / high_freq_factor)
+    alone, divides low frequencies (wavelength longer than original_context / low_freq_factor) by
+    `factor`, and interpolates linearly in between.
+    """
+    hd = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).to(torch.float32) / hd))
+    s = config.rope_scaling
+    if s is None:
+        return inv
+    factor, lo, hi, orig = s["factor"], s["low_freq_factor"], s["high_freq_factor"], s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    low_wl, high_wl = orig / lo, orig / hi
+    scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+    t = (orig / wavelen - lo) / (hi - lo)
+    blended = (1 - t) * scaled / factor + t * scaled
+    medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(config: LlamaConfig, n_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, [n_positions, head_dim] in f32, rotate-half layout (frequencies repeated twice)."""
+    inv = rope_inv_freq(config)
+    pos = torch.arange(n_positions, dtype=torch.int64).to(torch.float32)
+    freqs = pos[:, None] * inv[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """x: [B, H, S, D]; cos/sin: [S, D] already in x's dtype."""
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        c = config
+        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(c.dim, c.n_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.dim, bias=False)
+
+    def qkv(self, x, cos, sin):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def out(self, o):
+        # [B, H, S, D] -> [B, S, H*D]: the transpose(1,2).flatten(2,3) -> linear pattern.
+        return self.o_proj(o.transpose(1, 2).flatten(2, 3))
+
+    def forward(self, x, cos, sin):
+        q, k, v = self.qkv(x, cos, sin)
+        return self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.dim, config.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(config.dim, config.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(config.ffn_dim, config.dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+
+
+class Llama(nn.Module):
+    """Llama for causal LM. `forward(tokens[B, S]) -> logits[B, S, vocab]` (no cache: the reference).
+
+    `rope_positions` sizes the cos/sin tables (non-persistent buffers): the longest sequence this
+    instance will see, which for a compiled module is its --max-seq-len.
+    """
+
+    def __init__(self, config: LlamaConfig, rope_positions: int | None = None):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.set_rope_positions(rope_positions or min(config.max_seq_len, 4096))
+
+    def set_rope_positions(self, n: int) -> None:
+        with torch.device("cpu"):
+            cos, sin = rope_tables(self.config, n)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @classmethod
+    def from_state_dict(cls, config: LlamaConfig, state_dict: dict, rope_positions: int | None = None) -> "Llama":
+        """Build around the given tensors without copying them (they may be memory-mapped)."""
+        with torch.device("meta"):
+            m = cls(config, rope_positions=1)
+        sd = dict(state_dict)
+        if config.tie_embeddings:
+            sd.pop("lm_head.weight", None)
+        missing, unexpected = m.load_state_dict(sd, strict=False, assign=True)
+        missing = [k for k in missing if not (config.tie_embeddings and k == "lm_head.weight")]
+        if missing or unexpected:
+            from llmc.errors import InputError
+
+            raise InputError(f"state dict does not fit {config.name}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        if config.tie_embeddings:
+            m.lm_head.weight = m.model.embed_tokens.weight
+        m.set_rope_positions(rope_positions or min(config.max_seq_len, 4096))
+        return m.eval()
+
+    def rope(self, start, end, dtype):
+        return self.rope_cos[start:end].to(dtype), self.rope_sin[start:end].to(dtype)
+
+    def forward(self, tokens):
+        h = self.model.embed_tokens(tokens)
+        cos, sin = self.rope(0, tokens.shape[1], h.dtype)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin)
+        return self.lm_head(self.model.norm(h))
+
+
+def init_random(config: LlamaConfig, seed: int = 0, dtype=torch.float32, rope_positions: int | None = None) -> Llama:
+    """A Llama with seeded random weights: linear/embedding std 1/sqrt(fan_in), norms 1 + 0.1 N(0,1).
+
+    The scale keeps activations O(1) through the layers, so logits are well separated and greedy
+    decoding is not decided by rounding noise.
+    """
+    g = torch.Generator().manual_seed(seed)
+    m = Llama(config, rope_positions=rope_positions)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+    return m.to(dtype).eval()
+
+
+def new_cache(config: LlamaConfig, max_seq_len: int, dtype=torch.float32) -> list[torch.Tensor]:
+    """Zeroed KV cache: [k0, v0, k1, v1, ...], each [1, n_kv_heads, max_seq_len, head_dim]."""
+    shape = (1, config.n_kv_heads, max_seq_len, config.head_dim)
+    return [torch.zeros(shape, dtype=dtype) for _ in range(2 * config.n_layers)]
+
+
+class LlamaPrefill(nn.Module):
+    """prefill(tokens[1, S], *cache) -> (logits of the last position [1, 1, vocab], *cache').
+
+    Writes K/V of positions 0..S-1 into the cache and attends causally over the S new tokens. Only
+    the last position goes through the LM head (research/cpu-flags.md: -21% prefill time, and no
+    S x vocab output).
+    """
+
+    def __init__(self, llama: Llama):
+        super().__init__()
+        self.llama = llama
+
+    def forward(self, tokens, *cache):
+        m = self.llama
+        s = tokens.shape[1]
+        h = m.model.embed_tokens(tokens)
+        cos, sin = m.rope(0, s, h.dtype)
+        # index_copy (a scatter IREE performs in place), not slice_scatter: torch-mlir 20261001 leaves
+        # aten.slice_scatter with a dynamic end unlowered and iree-compile rejects it.
+        rows = torch.arange(s)
+        out_cache = []
+        for i, layer in enumerate(m.model.layers):
+            attn = layer.self_attn
+            q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
+            out_cache.append(cache[2 * i].index_copy(2, rows, k))
+            out_cache.append(cache[2 * i + 1].index_copy(2, rows, v))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            h = h + attn.out(o)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = m.lm_head(m.model.norm(h[:, -1:, :]))
+        return (logits, *out_cache)
+
+
+class LlamaDecode(nn.Module):
+    """decode(token[1, 1], attention_mask[1, L], *cache) -> (logits [1, 1, vocab], *cache').
+
+    The token sits at position L - 1; the cache holds positions 0..L-2 from earlier calls. K/V of the
+    token are written at L - 1, then attention runs over cache[:, :, :L] with `attention_mask` (1 =
+    attend, 0 = masked) as an additive mask.
+    """
+
+    def __init__(self, llama: Llama):
+        super().__init__()
+        self.llama = llama
+
+    def forward(self, token, attention_mask, *cache):
+        m = self.llama
+        n = attention_mask.shape[1]
+        h = m.model.embed_tokens(token)
+        cos, sin = m.rope(n - 1, n, h.dtype)
+        bias = torch.zeros(attention_mask.shape, dtype=h.dtype).masked_fill(attention_mask == 0, float("-inf"))
+        bias = bias[:, None, None, :]
+        row = torch.arange(n - 1, n)
+        out_cache = []
+        for i, layer in enumerate(m.model.layers):
+            attn = layer.self_attn
+            q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
+            kc = cache[2 * i].index_copy(2, row, k)
+            vc = cache[2 * i + 1].index_copy(2, row, v)
+            out_cache += [kc, vc]
+            # slice_copy, not kc[:, :, :n]: a plain slice makes torch.export guard n != max_seq_len (it
+            # special-cases a full-length slice), which rejects the last cache position. In IREE both are
+            # the same tensor.extract_slice, fused into the attention's consumers (no copy).
+            keys = torch.ops.aten.slice_copy.Tensor(kc, 2, 0, n)
+            values = torch.ops.aten.slice_copy.Tensor(vc, 2, 0, n)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
+            h = h + attn.out(o)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = m.lm_head(m.model.norm(h))
+        return (logits, *out_cache)

@@ -1,0 +1,150 @@
+"""Token generation with the KV cache kept on the device.
+
+A module compiled from a Llama (compiler/llm.py) exports `prefill(tokens, *cache)` and
+`decode(token, attention_mask, *cache)`; each returns `(logits, *cache')` with every cache result
+tied to its input buffer. The loop here allocates the cache once on the device, passes the device
+arrays IREE returns straight into the next call (they are the same buffers, updated in place), and
+copies only the [1, 1, vocab] logits to the host. Sampling is numpy on the host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llmc.errors import InputError, RuntimeCallError
+
+
+def sample(logits: np.ndarray, rng: np.random.Generator | None, temperature: float, top_k: int, top_p: float) -> int:
+    """One token id from a [vocab] logits row. temperature 0 = greedy (the first maximum, like torch.argmax)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits / temperature
+    if 0 < top_k < z.size:
+        kth = np.partition(z, -top_k)[-top_k]
+        z = np.where(z >= kth, z, -np.inf)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        keep = order[: int(np.searchsorted(cum, top_p) + 1)]  # smallest prefix with mass >= top_p
+        mask = np.zeros_like(p, dtype=bool)
+        mask[keep] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(p.size, p=p))
+
+
+def _prompt_list(prompt_ids) -> list[int]:
+    if hasattr(prompt_ids, "tolist"):
+        prompt_ids = prompt_ids.tolist()
+    if isinstance(prompt_ids, int):
+        prompt_ids = [prompt_ids]
+    flat = list(prompt_ids)
+    if len(flat) == 1 and isinstance(flat[0], list):  # [[...]] from a [1, S] tensor
+        flat = flat[0]
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in flat):
+        raise InputError("generate: prompt_ids must be a list of integer token ids (or a 1-D / [1, S] integer tensor)")
+    return [int(t) for t in flat]
+
+
+class Generator:
+    """The generation loop over one loaded llmc Module with an `llm` section in its manifest."""
+
+    def __init__(self, module):
+        llm = module.manifest.get("llm")
+        if not llm:
+            raise InputError(
+                f"{module.vmfb}: not a language-model module (no prefill/decode entry points); "
+                "compile a Llama checkpoint with `llmc compile CHECKPOINT` to get one"
+            )
+        self.module = module
+        self.llm = llm
+        self.config = llm["config"]
+        self.max_seq_len = int(llm["max_seq_len"])
+
+    def _check(self, prompt: list[int], max_new_tokens: int) -> None:
+        vocab = self.config["vocab_size"]
+        where = f"{self.module.vmfb.name}"
+        if not prompt:
+            raise InputError(f"{where}: the prompt is empty; give at least one token id")
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InputError(f"{where}: prompt id(s) {bad[:5]} outside the vocabulary [0, {vocab})")
+        if max_new_tokens < 0:
+            raise InputError(f"{where}: max_new_tokens={max_new_tokens} must be >= 0")
+        if len(prompt) > self.max_seq_len:
+            raise InputError(
+                f"{where}: the prompt has {len(prompt)} tokens, more than the module's max-seq-len {self.max_seq_len}; "
+                "shorten it or recompile with a larger --max-seq-len"
+            )
+        if len(prompt) + max_new_tokens > self.max_seq_len:
+            raise InputError(
+                f"{where}: prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the module's "
+                f"max-seq-len {self.max_seq_len}; ask for at most {self.max_seq_len - len(prompt)} new tokens "
+                "or recompile with a larger --max-seq-len"
+            )
+
+    def _new_cache(self, device):
+        import iree.runtime as rt
+
+        from llmc.runtime.module import _np_dtype
+
+        spec = self.llm["cache"]
+        zeros = np.zeros(spec["shape"], dtype=_np_dtype(spec["dtype"]))
+        return [rt.asdevicearray(device, zeros) for _ in range(spec["count"])]
+
+    def _call(self, fn, name, args):
+        try:
+            return list(fn(*args))
+        except Exception as e:
+            raise RuntimeCallError(f"{name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
+
+    def generate(
+        self,
+        prompt_ids,
+        max_new_tokens: int = 32,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop_at_eos: bool = True,
+        on_token=None,
+    ) -> list[int]:
+        prompt = _prompt_list(prompt_ids)
+        self._check(prompt, int(max_new_tokens))
+        if max_new_tokens == 0:
+            return []
+        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise InputError("generate: temperature must be >= 0, top_p in (0, 1], top_k >= 0")
+        vm = self.module._vm_module_handle()
+        device = self.module._device
+        rng = np.random.default_rng(seed) if temperature > 0 else None
+        eos = set(self.config.get("eos_ids") or ()) if stop_at_eos else set()
+        cache = self._new_cache(device)
+
+        if len(prompt) >= int(self.llm["prefill"].get("min_tokens", 2)):
+            out = self._call(vm[self.llm["prefill"]["function"]], "prefill", [np.asarray([prompt], dtype=np.int64), *cache])
+        else:  # a one-token prompt is a decode step at position 0
+            out = self._call(
+                vm[self.llm["decode"]["function"]], "decode",
+                [np.asarray([prompt], dtype=np.int64), np.ones((1, 1), dtype=np.int64), *cache],
+            )
+        tokens: list[int] = []
+        length = len(prompt)
+        while True:
+            logits, cache = out[0], out[1:]
+            row = np.asarray(logits.to_host() if hasattr(logits, "to_host") else logits).reshape(-1)
+            tok = sample(row.astype(np.float32), rng, temperature, top_k, top_p)
+            tokens.append(tok)
+            if on_token is not None:
+                on_token(tok)
+            if len(tokens) >= max_new_tokens or tok in eos:
+                return tokens
+            length += 1
+            out = self._call(
+                vm[self.llm["decode"]["function"]], "decode",
+                [np.asarray([[tok]], dtype=np.int64), np.ones((1, length), dtype=np.int64), *cache],
+            )
