@@ -43,6 +43,15 @@ def load_llama(path, *, max_seq_len: int | None = None) -> Llama:
     return Llama.from_state_dict(config, state_dict, rope_positions=max_seq_len or _default_len(config))
 
 
+def default_name(path: Path) -> str:
+    """Output stem for a checkpoint: its folder's name for a folder or consolidated.NN.pth, else the file stem."""
+    path = Path(path).resolve()
+    if path.is_dir() or path.name.startswith("consolidated."):
+        path = path if path.is_dir() else path.parent
+        return path.name or "llama"
+    return path.name.split(".")[0] or "llama"
+
+
 def _default_len(config: LlamaConfig) -> int:
     return min(config.max_seq_len, DEFAULT_MAX_SEQ_LEN)
 

@@ -281,8 +281,14 @@ class LlamaDecode(nn.Module):
             # the same tensor.extract_slice, fused into the attention's consumers (no copy).
             keys = torch.ops.aten.slice_copy.Tensor(kc, 2, 0, n)
             values = torch.ops.aten.slice_copy.Tensor(vc, 2, 0, n)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
-            h = h + attn.out(o)
+            # Grouped-query attention without expanding the cache: the G = n_heads / n_kv_heads query heads
+            # that share a KV head become G query rows against it ([1, n_kv, G, D] x [1, n_kv, L, D]).
+            # Expanding K/V per query head (enable_gqa) would read the live cache G times per step, and
+            # with one KV head it trips IREE 3.13's data tiling ("'affine.delinearize_index' op no basis
+            # element may be statically non-positive").
+            qg = q.reshape(1, attn.n_kv_heads, attn.n_heads // attn.n_kv_heads, attn.head_dim)
+            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias)
+            h = h + attn.out(o.reshape(1, attn.n_heads, 1, attn.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = m.lm_head(m.model.norm(h))
         return (logits, *out_cache)
