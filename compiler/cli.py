@@ -43,14 +43,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     c = sub.add_parser("compile", help="compile a model (.pt2) to NAME.vmfb + NAME.irpa + NAME.json")
-    c.add_argument("model", help="a torch.export archive (.pt2)")
+    c.add_argument("model", help="a torch.export archive (.pt2), or a Llama checkpoint: Meta .pth/.pt with params.json beside it, or its folder; an HF folder (config.json + safetensors)")
     _add_target_options(c)
+    c.add_argument("--max-seq-len", type=int, default=None, metavar="N", help="Llama checkpoints: KV-cache length, the longest prompt + generation (default min(4096, the model's context))")
     c.add_argument("-o", "--output", default=None, help="output .vmfb path (default ./MODEL_STEM.vmfb)")
     c.add_argument("--dump-ir", default=None, metavar="DIR", help="write the IR after import and after each pass")
     c.add_argument("--repro-dir", default=None, metavar="DIR", help="where to save reproducers on failure (default: the output folder)")
     c.add_argument("--iree-flag", action="append", default=[], metavar="FLAG", help="extra iree-compile flag, repeatable (e.g. --iree-flag=--iree-opt-level=O3)")
     c.add_argument("--json", action="store_true", help="print the artifact paths and manifest summary as JSON")
     _add_common(c)
+
+    r = sub.add_parser("run", help="generate tokens with a compiled language model")
+    r.add_argument("vmfb", help="a module compiled from a Llama checkpoint")
+    r.add_argument("--prompt-ids", required=True, metavar="1,2,3", help="prompt token ids, comma-separated")
+    r.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    r.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
+    r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
+    r.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    r.add_argument("--no-eos", action="store_true", help="do not stop at the model's end-of-sequence id")
+    r.add_argument("--device", default=None, help="IREE device (default: the manifest's, e.g. local-task)")
+    r.add_argument("--threads", type=int, default=None, help="worker threads for local-task")
+    r.add_argument("--json", action="store_true", help="print a JSON object with key 'tokens' (and timings)")
+    _add_common(r)
 
     i = sub.add_parser("info", help="show a compiled module's manifest: target, entry points, passes")
     i.add_argument("vmfb")
@@ -61,14 +76,47 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true")
     _add_common(t)
 
-    d = sub.add_parser("diff", help="run a compiled module and eager PyTorch on the same inputs and compare")
-    d.add_argument("model", help="the model the artifact was compiled from (.pt2)")
-    d.add_argument("vmfb", help="the compiled module")
+    d = sub.add_parser(
+        "diff",
+        help="run a compiled module and eager PyTorch on the same inputs and compare",
+        description="Compare a compiled module with eager PyTorch on the same inputs. Exit 0: every output within "
+        "tolerance; 1: an output over tolerance (the worst is named); 2: bad usage or input; 3: compile or runtime failure.",
+    )
+    d.add_argument("model", help="the model the artifact was compiled from: a .pt2 (torch.export.save), or a Llama checkpoint (prompt + greedy decode steps)")
+    d.add_argument("--steps", type=int, default=None, metavar="N", help="Llama checkpoints: greedy decode steps after the prompt (default 8; the prompt has --seq tokens)")
+    d.add_argument("vmfb", nargs="?", default=None, help="the compiled module; leave out to compile MODEL first (--target, --dtype, -o)")
+    d.add_argument("--target", default=None, help="without an artifact: the target to compile for (default cpu); with one: must match it")
+    d.add_argument("--arch", default=None, help="without an artifact: the architecture to compile for (default: the target's)")
+    d.add_argument("--dtype", default=None, help="without an artifact: the dtype to compile in (default f32); with one: must match it")
+    d.add_argument("-o", "--output", default=None, metavar="OUT.vmfb", help="without an artifact: keep the compiled module here (default: a temp dir)")
+    d.add_argument("--inputs", default=None, metavar="FILE.npz", help="inputs to use (keys: the signature's input names or paths, see `llmc info`) instead of random ones")
     d.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
     d.add_argument("--seq", type=int, default=None, help="size for dynamic dimensions (default 17, clamped to range)")
     d.add_argument("--tolerance-profile", default="auto", help="f32, f16, bf16 or auto (the artifact's dtype)")
-    d.add_argument("--json", default=None, metavar="REPORT.json", help="write the comparison as JSON")
+    d.add_argument("--tolerance", default=None, metavar="KEY=VALUE,...", help="override the profile for this run: max_rel, min_cosine, min_top1, max_kl (e.g. max_rel=1e-4,min_cosine=0.999)")
+    d.add_argument("--logits", action="append", default=[], metavar="NAME", help="also check this output as logits (top-1/top-k agreement, KL), e.g. out or out[0]; repeatable")
+    d.add_argument("--top-k", type=int, default=5, help="k for the top-k agreement of logits outputs (default 5)")
+    d.add_argument("--json", default=None, metavar="REPORT.json", help="write the report as JSON (format llmc-diff-report/1)")
+    d.add_argument("--junit", default=None, metavar="REPORT.xml", help="write a JUnit XML report (a testsuite per entry point, a testcase per output)")
+    d.add_argument("--per-layer", action="store_true", help="also name the first module whose output goes over tolerance (compiles an instrumented copy, run with the artifact's .irpa; the exit code still follows the outputs)")
+    d.add_argument("--per-layer-depth", type=int, default=None, metavar="N", help="with --per-layer: only modules down to N levels below the model (1: layers.3; 2: layers.3.self_attn)")
+    d.add_argument("--repro-dir", default=None, metavar="DIR", help="where to save reproducers if a compile fails (default: the current folder)")
     _add_common(d)
+
+    b = sub.add_parser(
+        "bisect",
+        help="find the op that makes a model fail to compile (or drift from eager) and write a one-op reproducer",
+        description="Compile MODEL; if iree-compile fails, or the output drifts from eager PyTorch beyond the dtype's "
+        "tolerance, binary-search the graph for the first op that causes it and write a one-op reproducer "
+        "(repro.mlir, repro.py, command.sh) into OUTDIR. Exit 0: compiles and matches; 1: failure found and "
+        "reported; 2: bad usage or input.",
+    )
+    b.add_argument("model", help="a torch.export archive (.pt2)")
+    _add_target_options(b)
+    b.add_argument("-o", "--output", default=None, metavar="OUTDIR", help="reproducer folder (default ./MODEL_STEM.bisect)")
+    b.add_argument("--seed", type=int, default=0, help="seed for the random inputs of the drift check (default 0)")
+    b.add_argument("--json", default=None, metavar="REPORT.json", help="also write the report as JSON (format llmc-bisect/1)")
+    _add_common(b)
     return parser
 
 
@@ -80,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="llmc: %(message)s")
     try:
-        return {"compile": cmd_compile, "info": cmd_info, "targets": cmd_targets, "diff": cmd_diff}[args.command](args)
+        return {"compile": cmd_compile, "run": cmd_run, "info": cmd_info, "targets": cmd_targets, "diff": cmd_diff, "bisect": cmd_bisect}[args.command](args)
     except LlmcError as e:
         if args.debug:
             traceback.print_exc()
@@ -99,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_compile(args) -> int:
+    from llmc.compiler import llm
     from llmc.compiler.api import compile_model
 
-    art = compile_model(
-        Path(args.model),  # compile_model validates the path, target and output before any work
+    common = dict(
         target=args.target,
         dtype=args.dtype,
         arch=args.arch,
@@ -112,6 +160,16 @@ def cmd_compile(args) -> int:
         extra_iree_flags=tuple(args.iree_flag),
         quiet=False,
     )
+    model = Path(args.model)
+    if model.exists() and model.suffix != ".pt2" and llm.is_llama_checkpoint(model):
+        if args.output is None:
+            common["output"] = Path.cwd() / f"{llm.default_name(model)}.vmfb"
+        art = llm.compile_llm(model, max_seq_len=args.max_seq_len, **common)
+    else:
+        if args.max_seq_len is not None:
+            raise UsageError(f"--max-seq-len applies to Llama checkpoints; {model} is not one")
+        # compile_model validates the path, target and output before any work
+        art = compile_model(model, **common)
     manifest = art.read_manifest()
     if args.json:
         print(json.dumps({"vmfb": str(art.vmfb), "params": str(art.params) if art.params else None, "manifest": str(art.manifest), "compile": manifest["compile"]}, indent=2))
@@ -119,6 +177,38 @@ def cmd_compile(args) -> int:
         size = art.vmfb.stat().st_size
         params = f", {art.params} ({art.params.stat().st_size / 1e6:.1f} MB)" if art.params else ""
         print(f"wrote {art.vmfb} ({size / 1e3:.0f} KB){params}, {art.manifest}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    import time
+
+    from llmc.runtime import load
+
+    vmfb = Path(args.vmfb)
+    if not vmfb.exists():
+        raise UsageError(f"{vmfb}: no such file")
+    try:
+        prompt = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise UsageError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers, e.g. --prompt-ids 1,2,3") from None
+    if not prompt:
+        raise UsageError("--prompt-ids: give at least one token id, e.g. --prompt-ids 1,2,3")
+    mod = load(vmfb, device=args.device, threads=args.threads)
+    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_eos)
+    if not args.json and sys.stdout.isatty():
+        options["on_token"] = lambda t: print(t, end=" ", flush=True)
+    start = time.perf_counter()
+    tokens = mod.generate(prompt, args.max_new_tokens, **options)
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"tokens": tokens, "prompt_ids": prompt, "seconds": round(seconds, 4)}))
+    else:
+        if "on_token" in options:
+            print()
+        else:
+            print(",".join(str(t) for t in tokens))
+        print(f"llmc: {len(tokens)} tokens in {seconds:.2f} s", file=sys.stderr)
     return 0
 
 
@@ -151,6 +241,12 @@ def cmd_info(args) -> int:
             for e in ep["inputs"]
         )
         print(f"entry:    {name}({ins})")
+    if m.get("llm"):
+        cfg, cache = m["llm"]["config"], m["llm"]["cache"]
+        print(
+            f"llm:      {cfg['name']}: {cfg['n_layers']} layers, dim {cfg['dim']}, heads {cfg['n_heads']}/{cfg['n_kv_heads']} kv, "
+            f"vocab {cfg['vocab_size']}; max-seq-len {m['llm']['max_seq_len']}, KV cache {cache['count']} x {cache['dtype']}{cache['shape']}"
+        )
     ran = ", ".join(f"{p['name']} (rewrote {p['rewrote']})" for p in m["passes"]) or "none"
     print(f"passes:   {ran}")
     print(f"flags:    {' '.join(m['iree_flags'])}")
@@ -174,37 +270,71 @@ def cmd_targets(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from llmc.compiler import diff, export
-    from llmc.runtime import load
+    import os
 
-    model, vmfb = Path(args.model), Path(args.vmfb)
-    for p in (model, vmfb):
-        if not p.exists():
-            raise UsageError(f"{p}: no such file")
-    mod = load(vmfb)
-    dtype = mod.manifest["dtype"]
-    profile = dtype if args.tolerance_profile == "auto" else args.tolerance_profile
-    if profile not in diff.TOLERANCES:
-        raise UsageError(f"--tolerance-profile={profile}: choose one of auto, {', '.join(diff.TOLERANCES)}")
-    ep = export.load_pt2(model)
-    entry = mod.manifest["entry_points"][mod.default_entry]
-    inputs, kwargs = diff.random_inputs(entry, args.seed, diff.int_high(ep), args.seq)
-    import torch
+    from llmc.compiler import diff, report
 
-    with torch.no_grad():
-        ref = diff.eager_reference(ep, dtype)(*inputs, **kwargs)
-    got = mod(*inputs, **kwargs)
-    results = diff.diff_outputs(entry["outputs"], got, ref, dtype, diff.TOLERANCES[profile])
-    passed = all(r.passed for r in results)
-    for r in results:
-        status = "ok  " if r.passed else "FAIL"
-        print(f"{status} {r.name} {r.shape}: max_abs {r.max_abs:.3g}, max_rel {r.max_rel:.3g}, cosine {r.cosine:.7f}{'  (' + r.reason + ')' if r.reason else ''}")
-    worst = max(results, key=lambda r: r.max_rel) if results else None
-    print(f"{'PASS' if passed else 'FAIL'}: {len(results)} output(s), tolerance profile {profile}" + (f", worst {worst.name}" if worst else ""))
+    reports = [(flag, Path(p)) for flag, p in (("--json", args.json), ("--junit", args.junit)) if p]
+    for flag, p in reports:  # checked before any work: a run must not end in "cannot write the report"
+        if p.is_dir():
+            raise UsageError(f"{flag} {p}: is a folder; name the report file")
+        if not p.parent.is_dir():
+            raise UsageError(f"{flag} {p}: folder {p.parent} does not exist; create it first")
+        if not os.access(p.parent, os.W_OK):
+            raise UsageError(f"{flag} {p}: folder {p.parent} is not writable")
+    opts = diff.DiffOptions(
+        model=Path(args.model),
+        artifact=Path(args.vmfb) if args.vmfb else None,
+        target=args.target,
+        dtype=args.dtype,
+        arch=args.arch,
+        output=Path(args.output) if args.output else None,
+        inputs=Path(args.inputs) if args.inputs else None,
+        seed=args.seed,
+        seq=args.seq,
+        profile=args.tolerance_profile,
+        tolerance=args.tolerance,
+        logits=tuple(args.logits),
+        top_k=args.top_k,
+        per_layer=args.per_layer,
+        per_layer_depth=args.per_layer_depth,
+        repro_dir=Path(args.repro_dir) if args.repro_dir else None,
+        verbose=args.verbose,
+        steps=args.steps,
+    )
+    outcome = diff.run(opts)
+    for line in outcome.lines:
+        print(line)
     if args.json:
-        report = {"passed": passed, "profile": profile, "tolerance": diff.TOLERANCES[profile], "seed": args.seed, "outputs": [r.as_dict() for r in results]}
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if passed else 1
+        report.write_json(Path(args.json), outcome.report)
+    if args.junit:
+        report.write_junit(Path(args.junit), outcome.report)
+    return 0 if outcome.passed else 1
+
+
+def cmd_bisect(args) -> int:
+    from llmc.compiler import targets
+
+    # Cheap checks first, so bad input fails before torch loads (bisect() checks them again).
+    targets.resolve(args.target, args.arch, args.dtype)
+    if not Path(args.model).exists():
+        raise UsageError(f"{args.model}: no such file or directory")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise UsageError(f"--json {args.json}: directory {Path(args.json).resolve().parent} does not exist")
+    from llmc.compiler import bisect
+
+    result = bisect.bisect(
+        Path(args.model),  # bisect validates the path, target, dtype and output folder before any work
+        target=args.target,
+        dtype=args.dtype,
+        arch=args.arch,
+        output_dir=args.output,
+        seed=args.seed,
+    )
+    print(result.summary())
+    if args.json:
+        bisect.write_json(result, Path(args.json))
+    return result.exit_code
 
 
 if __name__ == "__main__":

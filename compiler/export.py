@@ -121,6 +121,37 @@ def _for_varargs(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes):
     return {"args": by_pos, "kwargs": by_name} if kwargs else {"args": by_pos}
 
 
+def retarget_graph(gm):
+    """Prepare an f32-exported graph (ExportedProgram.module()) for conversion to another dtype.
+
+    torch.export bakes dtypes into the graph: `x.float()` and `x.to(x.dtype)` on an f32 tensor both
+    become `aten.to.dtype(x, float32)`, with an `_assert_tensor_metadata` pinning x to f32. After the
+    weights become bf16, the asserts fail ("Tensor dtype mismatch! Expected: torch.float32") and the
+    casts would hand f32 activations to bf16 matmuls. The graph can't tell an upcast for precision
+    from a cast back to the input dtype, so every cast that was a no-op in the original graph is
+    removed and the asserts with it: the graph then computes in the new dtype throughout (norms
+    included, where the source model may have upcast to f32). For exact source semantics, pass the
+    nn.Module to llmc.compile (it converts before exporting).
+    """
+    changed = False
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is torch.ops.aten._assert_tensor_metadata.default:
+            gm.graph.erase_node(n)
+            changed = True
+        elif n.target in (torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default):
+            want = n.args[1] if n.target is torch.ops.aten.to.dtype and len(n.args) > 1 else n.kwargs.get("dtype")
+            src = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
+            if isinstance(src, torch.Tensor) and src.dtype == want and want == torch.float32:
+                n.replace_all_uses_with(n.args[0])
+                gm.graph.erase_node(n)
+                changed = True
+    if changed:
+        gm.recompile()
+    return gm
+
+
 def _slice_copy(x, dim=0, start=None, end=None, step=1):
     return torch.ops.aten.slice.Tensor(x, dim, start, end, step)
 
@@ -188,7 +219,7 @@ def export_model(
             dynamic_shapes = _dynamic_shapes_of(ep)
             if kwargs:
                 dynamic_shapes = None  # positional spec does not fit kwargs; export static
-        model = ep.module()
+        model = retarget_graph(ep.module())
     elif isinstance(model, nn.Module):
         args, kwargs = tuple(example_args), dict(example_kwargs)
     else:

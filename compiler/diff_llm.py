@@ -1,0 +1,109 @@
+"""`llmc diff` for language-model artifacts: a prompt, then N greedy decode steps, against eager PyTorch.
+
+MODEL is the Llama checkpoint the artifact was compiled from (Meta or HF form). Eager PyTorch runs
+llmc's Llama definition (models/llama, checked against transformers in tests/models) in the
+artifact's dtype through the same prefill/decode wrappers; the compiled module runs its `prefill`
+and `decode` entry points. Both sides are fed the same tokens: a seeded random prompt (`--seq`
+tokens, default 17), then eager's greedy choice at each step (teacher forcing), so one early
+disagreement does not cascade into comparing unrelated continuations. Every step's logits are
+compared as logits (max_rel, cosine, top-1/top-k agreement, KL); the report also records whether
+the greedy tokens agree.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from llmc.compiler import diff, export
+from llmc.errors import UsageError
+
+DEFAULT_STEPS = 8
+
+
+def run(o, overrides: dict):
+    import contextlib
+    import tempfile
+    from pathlib import Path
+
+    from llmc.compiler import llm, report
+    from llmc.models.llama.model import LlamaDecode, LlamaPrefill, new_cache
+    from llmc.runtime import load
+
+    if o.inputs is not None:
+        raise UsageError("--inputs: language-model diffs use a seeded prompt (--seed, --seq); .npz inputs are for .pt2 models")
+    if o.per_layer or o.per_layer_depth is not None:
+        raise UsageError("--per-layer: not available for language-model checkpoints yet; diff a .pt2 export of the model instead")
+    steps = DEFAULT_STEPS if o.steps is None else o.steps
+    if steps < 0:
+        raise UsageError(f"--steps {steps}: must be >= 0")
+    with contextlib.ExitStack() as stack:
+        if o.artifact is None:
+            output = o.output or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llmc-diff-"))) / "model.vmfb"
+            art = llm.compile_llm(
+                o.model, target=o.target or "cpu", dtype=o.dtype or "f32", arch=o.arch, output=output,
+                repro_dir=o.repro_dir, quiet=not o.verbose,
+            )
+            vmfb = art.vmfb
+        else:
+            vmfb = o.artifact
+        mod = load(vmfb)
+        manifest = mod.manifest
+        if not manifest.get("llm"):
+            raise UsageError(f"{vmfb} is not a language-model module; diff it against the .pt2 it was compiled from")
+        dtype = manifest["dtype"]
+        max_len = manifest["llm"]["max_seq_len"]
+        profile = dtype if o.profile == "auto" else o.profile
+        tol = {**diff.TOLERANCES[profile], **overrides}
+        seq = min(o.seq or 17, max_len - steps)
+        if seq < 1:
+            raise UsageError(f"--steps {steps}: leaves no room for a prompt in max-seq-len {max_len}")
+
+        llama = export.convert_module(llm.load_llama(o.model, max_seq_len=max_len), export.TORCH_DTYPES[dtype]).eval()
+        llama.set_rope_positions(max_len)
+        cfg = llama.config
+        if cfg.as_dict() != {**manifest["llm"]["config"], "eos_ids": list(manifest["llm"]["config"]["eos_ids"])}:
+            raise UsageError(f"{o.model} is a {cfg.name} but {vmfb} was compiled from a different config; diff against its own checkpoint")
+        g = torch.Generator().manual_seed(o.seed)
+        prompt = torch.randint(0, cfg.vocab_size, (1, max(seq, 2)), generator=g)
+
+        start = time.perf_counter()
+        results, agree = [], []
+        tdt = export.TORCH_DTYPES[dtype]
+        with torch.no_grad():
+            ref = LlamaPrefill(llama)(prompt, *new_cache(cfg, max_len, tdt))
+        got = mod.prefill(prompt, *new_cache(cfg, max_len, tdt))
+        results.append(diff.compare("prefill.logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
+        ref_cache, got_cache = ref[1:], got[1:]
+        n = prompt.shape[1]
+        for i in range(steps):
+            tok = ref[0][0, -1].float().argmax().item()
+            agree.append(tok == got[0][0, -1].float().argmax().item())
+            n += 1
+            token, mask = torch.tensor([[tok]]), torch.ones(1, n, dtype=torch.int64)
+            with torch.no_grad():
+                ref = LlamaDecode(llama)(token, mask, *ref_cache)
+            got = mod.decode(token, mask, *got_cache)
+            results.append(diff.compare(f"decode[{i}].logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
+            ref_cache, got_cache = ref[1:], got[1:]
+        seconds = time.perf_counter() - start
+
+    bad = diff.worst(results)
+    passed = all(r.passed for r in results)
+    lines = [f"{'ok  ' if r.passed else 'FAIL'} {r.name} {r.shape} {r.dtype}: {diff.describe(r)}" + (f"  ({r.reason})" if r.reason else "") for r in results]
+    lines.append(f"greedy tokens: {sum(agree)} of {len(agree)} decode-step inputs agree with eager's choice")
+    n_fail = sum(not r.passed for r in results)
+    if passed:
+        summary = f"PASS: prompt of {prompt.shape[1]} + {steps} decode steps, {len(results)} logits outputs, tolerance profile {profile}"
+    else:
+        summary = f"FAIL: {n_fail} of {len(results)} logits outputs over tolerance (profile {profile}); worst {bad.name}: {bad.reason}"
+    lines.append(summary)
+    entries = [report.entry_record("prefill+decode", results, bad, seconds, None)]
+    rep = report.build_report(
+        summary=summary, model=str(o.model), artifact=str(vmfb), compiled_by_diff=o.artifact is None, manifest=manifest,
+        profile=profile, tolerance=tol, overrides=overrides,
+        inputs={"source": "random", "seed": o.seed, "file": None},
+        entries=entries,
+    )
+    return diff.DiffOutcome(passed, rep, lines)

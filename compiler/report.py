@@ -1,0 +1,320 @@
+"""`llmc diff` reports: the JSON report (format "llmc-diff-report/1", schema below) and JUnit XML.
+
+Both are written atomically (a temp file beside the target, then a rename), so a CI job never reads
+a half-written report. The JSON schema is the contract for tools that read reports; tests validate
+real reports against it with the `jsonschema` package.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from llmc.compiler import artifacts
+
+REPORT_FORMAT = "llmc-diff-report/1"
+
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+_MEASURE = "null when not finite (shape mismatch, non-finite values that differ)"
+
+_TOLERANCE_SCHEMA = {
+    "type": "object",
+    "description": "The limits applied: the dtype's profile from llmc.compiler.diff.TOLERANCES with --tolerance overrides.",
+    "properties": {
+        "max_rel": {"type": "number", "description": "max |compiled - eager| / max |eager| must not exceed this"},
+        "min_cosine": {"type": "number", "description": "cosine similarity of the flattened outputs must be at least this"},
+        "min_top1": {"type": "number", "description": "logits only: fraction of rows whose argmax agrees must be at least this"},
+        "max_kl": {"type": "number", "description": "logits only: KL(eager || compiled) over the last dim, mean over rows, must not exceed this"},
+    },
+    "required": ["max_rel", "min_cosine", "min_top1", "max_kl"],
+    "additionalProperties": False,
+}
+
+_COMPARISON_PROPERTIES = {
+    "shape": {"type": "array", "items": {"type": "integer"}, "description": "the eager output's shape"},
+    "dtype": {"type": "string", "description": "the eager output's dtype (torch name: float32, bfloat16, int64, ...)"},
+    "max_abs": {**_NUMBER_OR_NULL, "description": f"max |compiled - eager|; {_MEASURE}"},
+    "max_rel": {**_NUMBER_OR_NULL, "description": f"max |compiled - eager| / max |eager|; {_MEASURE}"},
+    "cosine": {"type": "number", "description": "cosine similarity of compiled and eager, flattened"},
+    "passed": {"type": "boolean", "description": "every check within tolerance"},
+    "reason": {"type": "string", "description": "why the output failed (the checks over their limits, '; '-separated); empty when passed"},
+}
+
+_OUTPUT_SCHEMA = {
+    "type": "object",
+    "description": "One output of the entry point compared with eager PyTorch.",
+    "properties": {
+        "name": {"type": "string", "description": "the output's path in the result: out, out[0], out['logits']"},
+        **_COMPARISON_PROPERTIES,
+        "severity": {
+            **_NUMBER_OR_NULL,
+            "description": "how close the output is to its limits: max over the checks of measured / limit "
+            "(1.0 = at the limit, above 1 = failed); the worst output has the highest; " + _MEASURE,
+        },
+        "logits": {
+            "description": "logits checks (an output with role 'logits' in the manifest or named with --logits); null otherwise",
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "top1": {"type": "number", "minimum": 0, "maximum": 1, "description": "fraction of rows (all dims but the last) whose argmax agrees"},
+                        "topk": {"type": "number", "minimum": 0, "maximum": 1, "description": "mean over rows of |top-k(eager) & top-k(compiled)| / k"},
+                        "k": {"type": "integer", "minimum": 1, "description": "k of the top-k agreement (--top-k)"},
+                        "kl": {**_NUMBER_OR_NULL, "description": f"KL(eager || compiled) over the last dim, mean over rows; {_MEASURE}"},
+                        "rows": {"type": "integer", "minimum": 0, "description": "number of rows compared"},
+                    },
+                    "required": ["top1", "topk", "k", "kl", "rows"],
+                    "additionalProperties": False,
+                },
+            ],
+        },
+    },
+    "required": ["name", "shape", "dtype", "max_abs", "max_rel", "cosine", "passed", "reason", "severity", "logits"],
+    "additionalProperties": False,
+}
+
+_MODULE_SCHEMA = {
+    "type": "object",
+    "description": "One module's output (per-layer localisation), compiled with the artifact's weights vs eager.",
+    "properties": {
+        "module": {"type": "string", "description": "the module's path in the model, e.g. layers.3.self_attn (#N: its N-th call)"},
+        "type": {"type": "string", "description": "the module's class"},
+        "level": {"type": "integer", "minimum": 1, "description": "nesting depth below the model (1 = called by the model's forward)"},
+        "node": {"type": "string", "description": "the exported graph node holding the module's output"},
+        "source": {"type": ["string", "null"], "description": "file:line of the innermost user-code frame that produced the output"},
+        "code": {"type": ["string", "null"], "description": "that source line"},
+        **_COMPARISON_PROPERTIES,
+    },
+    "required": ["module", "type", "level", "node", "source", "code", *_COMPARISON_PROPERTIES],
+    "additionalProperties": False,
+}
+
+_ENTRY_SCHEMA = {
+    "type": "object",
+    "description": "One entry point of the artifact (a JUnit testsuite).",
+    "properties": {
+        "name": {"type": "string", "description": "the entry point's name in the manifest"},
+        "passed": {"type": "boolean", "description": "every output within tolerance"},
+        "outputs": {"type": "array", "items": _OUTPUT_SCHEMA, "description": "one record per tensor output (a JUnit testcase each)"},
+        "worst": {"type": ["string", "null"], "description": "name of the output with the highest severity"},
+        "seconds": {"type": "number", "description": "wall time for the eager and compiled runs"},
+        "per_layer": {
+            "description": "per-layer localisation (--per-layer); null when not asked for",
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "depth": {"type": ["integer", "null"], "minimum": 1, "description": "--per-layer-depth; null = every module at any depth"},
+                        "params": {"type": ["string", "null"], "description": "the parameter archive the instrumented module ran with (the artifact's own)"},
+                        "compile_seconds": {"type": "number", "description": "time to build the instrumented module"},
+                        "modules": {"type": "array", "items": _MODULE_SCHEMA, "description": "every probed module output, in topological order"},
+                        "first_divergence": {
+                            "description": "the first module (topological order) over tolerance; null when none is",
+                            "oneOf": [{"type": "null"}, _MODULE_SCHEMA],
+                        },
+                    },
+                    "required": ["depth", "params", "compile_seconds", "modules", "first_divergence"],
+                    "additionalProperties": False,
+                },
+            ],
+        },
+    },
+    "required": ["name", "passed", "outputs", "worst", "seconds", "per_layer"],
+    "additionalProperties": False,
+}
+
+REPORT_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://llmc.invalid/schemas/llmc-diff-report-1.json",
+    "title": "llmc diff report",
+    "description": "What `llmc diff --json` writes: a compiled module's outputs compared with eager PyTorch on the same inputs.",
+    "type": "object",
+    "properties": {
+        "format": {"const": REPORT_FORMAT, "description": "report format and version; readers check it before anything else"},
+        "passed": {"type": "boolean", "description": "every output of every entry point within tolerance (exit code 0; else 1)"},
+        "summary": {"type": "string", "description": "the one-line verdict llmc printed last"},
+        "model": {"type": "string", "description": "the eager model (.pt2) compared against"},
+        "artifact": {"type": "string", "description": "the compiled module (.vmfb); a temporary path when diff compiled it first"},
+        "compiled_by_diff": {"type": "boolean", "description": "true when llmc diff compiled MODEL itself (no artifact given)"},
+        "target": {"type": "string", "description": "the artifact's llmc target (cpu, vulkan, ...)"},
+        "arch": {"type": ["string", "null"], "description": "the artifact's arch as named at compile time"},
+        "dtype": {"type": "string", "description": "the artifact's weight and compute dtype; eager runs in it too"},
+        "profile": {"type": "string", "description": "the tolerance profile used (a key of llmc.compiler.diff.TOLERANCES)"},
+        "tolerance": _TOLERANCE_SCHEMA,
+        "tolerance_overrides": {
+            "type": "object",
+            "additionalProperties": {"type": "number"},
+            "description": "the --tolerance KEY=VALUE overrides applied over the profile",
+        },
+        "inputs": {
+            "type": "object",
+            "description": "where the inputs came from",
+            "properties": {
+                "source": {"enum": ["random", "file"], "description": "random: seeded from the signature; file: --inputs"},
+                "seed": {"type": ["integer", "null"], "description": "the seed (random inputs), else null"},
+                "file": {"type": ["string", "null"], "description": "the .npz file (--inputs), else null"},
+            },
+            "required": ["source", "seed", "file"],
+            "additionalProperties": False,
+        },
+        "entry_points": {"type": "array", "minItems": 1, "items": _ENTRY_SCHEMA, "description": "one record per entry point compared"},
+        "worst": {
+            "description": "the worst output over all entry points; null when there are no outputs",
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "entry_point": {"type": "string"},
+                        "output": {"type": "string"},
+                        "passed": {"type": "boolean"},
+                        "reason": {"type": "string"},
+                    },
+                    "required": ["entry_point", "output", "passed", "reason"],
+                    "additionalProperties": False,
+                },
+            ],
+        },
+        "versions": {"type": "object", "additionalProperties": {"type": ["string", "null"]}, "description": "llmc and torch versions that ran the diff"},
+    },
+    "required": [
+        "format", "passed", "summary", "model", "artifact", "compiled_by_diff", "target", "arch", "dtype",
+        "profile", "tolerance", "tolerance_overrides", "inputs", "entry_points", "worst", "versions",
+    ],
+    "additionalProperties": False,
+}
+
+
+def _finite(x):
+    """JSON has no inf/nan: non-finite measurements are written as null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def entry_record(name: str, outputs: list, worst, seconds: float, per_layer=None) -> dict:
+    """The report record of one entry point: `outputs` are diff.OutputDiff, `per_layer` a PerLayerResult."""
+    pl = None
+    if per_layer is not None:
+        pl = {
+            "depth": per_layer.depth,
+            "params": per_layer.params,
+            "compile_seconds": round(per_layer.compile_seconds, 3),
+            "modules": [m.as_dict() for m in per_layer.modules],
+            "first_divergence": per_layer.first.as_dict() if per_layer.first else None,
+        }
+    return _finite(
+        {
+            "name": name,
+            "passed": all(o.passed for o in outputs),
+            "outputs": [o.as_dict() for o in outputs],
+            "worst": worst.name if worst is not None else None,
+            "seconds": round(seconds, 3),
+            "per_layer": pl,
+        }
+    )
+
+
+def build_report(*, summary: str, model: str, artifact: str, compiled_by_diff: bool, manifest: dict, profile: str,
+                 tolerance: dict, overrides: dict, inputs: dict, entries: list[dict]) -> dict:
+    import torch
+
+    import llmc
+
+    worst = None
+    candidates = [(e["name"], o) for e in entries for o in e["outputs"]]
+    if candidates:
+        sev = lambda o: math.inf if o["severity"] is None else o["severity"]
+        name, o = max(candidates, key=lambda c: (not c[1]["passed"], sev(c[1])))
+        worst = {"entry_point": name, "output": o["name"], "passed": o["passed"], "reason": o["reason"]}
+    return _finite(
+        {
+            "format": REPORT_FORMAT,
+            "passed": all(e["passed"] for e in entries),
+            "summary": summary,
+            "model": model,
+            "artifact": artifact,
+            "compiled_by_diff": compiled_by_diff,
+            "target": manifest["target"]["name"],
+            "arch": manifest["target"].get("arch"),
+            "dtype": manifest["dtype"],
+            "profile": profile,
+            "tolerance": dict(tolerance),
+            "tolerance_overrides": dict(overrides),
+            "inputs": inputs,
+            "entry_points": entries,
+            "worst": worst,
+            "versions": {"llmc": llmc.__version__, "torch": torch.__version__},
+        }
+    )
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = artifacts.temp_path(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_json(path: Path, report: dict) -> None:
+    _write_atomic(Path(path), json.dumps(report, indent=2, allow_nan=False) + "\n")
+
+
+def _fmt(x) -> str:
+    return "inf" if x is None else f"{x:.4g}"
+
+
+def junit_xml(report: dict) -> str:
+    """JUnit XML: one testsuite per entry point, one testcase per output; failures carry the reason."""
+    entries = report["entry_points"]
+    n_tests = sum(len(e["outputs"]) for e in entries)
+    n_fail = sum(not o["passed"] for e in entries for o in e["outputs"])
+    total = sum(e["seconds"] for e in entries)
+    root = ET.Element("testsuites", name="llmc diff", tests=str(n_tests), failures=str(n_fail), errors="0", time=f"{total:.3f}")
+    for e in entries:
+        fails = sum(not o["passed"] for o in e["outputs"])
+        suite = ET.SubElement(
+            root, "testsuite", name=e["name"], tests=str(len(e["outputs"])), failures=str(fails),
+            errors="0", skipped="0", time=f"{e['seconds']:.3f}",
+        )
+        props = ET.SubElement(suite, "properties")
+        pl = e.get("per_layer")
+        first = pl["first_divergence"] if pl else None
+        for key, value in (
+            ("model", report["model"]), ("artifact", report["artifact"]), ("target", report["target"]),
+            ("dtype", report["dtype"]), ("profile", report["profile"]),
+            ("tolerance", ",".join(f"{k}={v:g}" for k, v in report["tolerance"].items())),
+            *((("first_divergence", f"{first['module']} at {first['source']}" if first else "none"),) if pl else ()),
+        ):
+            ET.SubElement(props, "property", name=key, value=str(value))
+        for o in e["outputs"]:
+            case = ET.SubElement(suite, "testcase", classname=f"llmc.diff.{e['name']}", name=o["name"], time="0")
+            text = f"shape {o['shape']} {o['dtype']}: max_abs {_fmt(o['max_abs'])}, max_rel {_fmt(o['max_rel'])}, cosine {o['cosine']:.7f}"
+            if o["logits"]:
+                lg = o["logits"]
+                text += f"; top-1 {lg['top1']:.4f}, top-{lg['k']} {lg['topk']:.4f}, KL {_fmt(lg['kl'])}"
+            if not o["passed"]:
+                detail = text
+                if first is not None:
+                    detail += f"\nfirst divergent module: {first['module']} ({first['reason']}) at {first['source']}"
+                failure = ET.SubElement(case, "failure", message=o["reason"], type="ToleranceExceeded")
+                failure.text = detail
+            ET.SubElement(case, "system-out").text = text
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_junit(path: Path, report: dict) -> None:
+    _write_atomic(Path(path), junit_xml(report))

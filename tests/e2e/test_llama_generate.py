@@ -1,0 +1,171 @@
+"""Llama end to end: random-weight checkpoints in Meta and HF form -> llmc compile -> generate,
+checked against `transformers` LlamaForCausalLM (which reads the HF checkpoint with its own loader).
+
+Tolerances: prefill logits vs eager f32, max |diff| / max |ref| <= 1e-5 (the f32 profile of
+compiler/diff.py); greedy tokens must be identical (32 in f32; the first 16 in bf16 against eager
+bf16, where both sides round every op to 8 bits of mantissa and long runs may legitimately part).
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from llmc.compiler.llm import compile_llm  # noqa: E402
+from llmc.models.llama.config import get_config  # noqa: E402
+from llmc.tools.make_checkpoint import write_checkpoint  # noqa: E402
+
+MAX_SEQ = 64
+PROMPT = [1, 77, 300, 5, 42, 9, 256, 13]
+
+
+def _hf_greedy(model, prompt, n):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama")
+    config = get_config("tiny-llama3")  # Llama-3.1 rope scaling, tied embeddings, one KV head
+    write_checkpoint(config, "meta", root / "meta", dtype="f32", seed=3)
+    write_checkpoint(config, "hf", root / "hf", dtype="f32", seed=3)
+    hf = transformers.LlamaForCausalLM.from_pretrained(root / "hf", torch_dtype=torch.float32).eval()
+    return root, config, hf
+
+
+@pytest.fixture(scope="module")
+def compiled(checkpoints):
+    root, config, _ = checkpoints
+    arts = {}
+    for fmt in ("meta", "hf"):
+        arts[fmt] = compile_llm(root / fmt, output=root / f"{fmt}.vmfb", max_seq_len=MAX_SEQ)
+    return arts
+
+
+@pytest.mark.parametrize("fmt", ["meta", "hf"])
+def test_greedy_32_tokens_equal_transformers_f32(checkpoints, compiled, fmt):
+    import llmc
+
+    _, _, hf = checkpoints
+    mod = llmc.load(compiled[fmt])
+    got = mod.generate(PROMPT, 32, stop_at_eos=False)
+    want = _hf_greedy(hf, PROMPT, 32)
+    assert len(set(want)) > 3, "degenerate reference: pick another seed"
+    assert got == want
+
+
+def test_prefill_logits_match_transformers_f32(checkpoints, compiled):
+    import llmc
+
+    _, config, hf = checkpoints
+    mod = llmc.load(compiled["hf"])
+    cache = [torch.zeros(s) for s in [mod.manifest["llm"]["cache"]["shape"]] * mod.manifest["llm"]["cache"]["count"]]
+    for n in (2, 8, 37):
+        tokens = torch.randint(0, config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+        got = mod.prefill(tokens, *cache)[0]
+        with torch.no_grad():
+            ref = hf(tokens, use_cache=False).logits[:, -1:, :]
+        assert got.shape == ref.shape
+        rel = ((got - ref).abs().max() / ref.abs().max()).item()
+        assert rel <= 1e-5, f"S={n}: max rel {rel:.3g}"
+
+
+def test_decode_step_continues_prefill(checkpoints, compiled):
+    """Entry points called by hand: prefill S tokens, then decode one at position S with the returned cache."""
+    import llmc
+
+    _, config, hf = checkpoints
+    mod = llmc.load(compiled["meta"])
+    spec = mod.manifest["llm"]["cache"]
+    cache = [torch.zeros(spec["shape"]) for _ in range(spec["count"])]
+    tokens = torch.tensor([PROMPT])
+    out = mod.prefill(tokens[:, :-1], *cache)
+    step = mod.decode(tokens[:, -1:], torch.ones(1, len(PROMPT), dtype=torch.int64), *out[1:])
+    with torch.no_grad():
+        ref = hf(tokens, use_cache=False).logits[:, -1:, :]
+    rel = ((step[0] - ref).abs().max() / ref.abs().max()).item()
+    assert rel <= 1e-5, rel
+
+
+def test_bf16_first_16_tokens_equal_eager_bf16(checkpoints, tmp_path):
+    import llmc
+
+    root, config, hf = checkpoints
+    art = compile_llm(root / "hf", output=tmp_path / "bf16.vmfb", dtype="bf16", max_seq_len=MAX_SEQ)
+    manifest = art.read_manifest()
+    assert manifest["llm"]["cache"]["dtype"] == "bfloat16"
+    got = llmc.load(art).generate(PROMPT, 16, stop_at_eos=False)
+    want = _hf_greedy(hf.to(torch.bfloat16), PROMPT, 16)
+    hf.to(torch.float32)
+    assert got == want
+
+
+def test_sampling_is_seeded_and_eos_stops(compiled, checkpoints):
+    import llmc
+
+    _, config, hf = checkpoints
+    mod = llmc.load(compiled["hf"])
+    a = mod.generate(PROMPT, 12, temperature=1.0, top_k=50, top_p=0.95, seed=7)
+    b = mod.generate(PROMPT, 12, temperature=1.0, top_k=50, top_p=0.95, seed=7)
+    c = mod.generate(PROMPT, 12, temperature=1.0, top_k=50, top_p=0.95, seed=8)
+    assert a == b and a != c
+    greedy = mod.generate(PROMPT, 12, stop_at_eos=False)
+    # Make the 4th greedy token the end-of-sequence id: generation must stop right after it.
+    mod.manifest["llm"]["config"]["eos_ids"] = [greedy[3]]
+    first = greedy.index(greedy[3])
+    assert mod.generate(PROMPT, 12) == greedy[: first + 1]
+
+
+def _llmc(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "llmc.compiler.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_run_json_matches_api(compiled, checkpoints):
+    import llmc
+
+    r = _llmc("run", compiled["meta"].vmfb, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "20", "--no-eos", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"] == llmc.load(compiled["meta"]).generate(PROMPT, 20, stop_at_eos=False)
+
+
+@pytest.mark.parametrize(
+    "prompt, n, needle",
+    [
+        ("1,2,999999", 4, "outside the vocabulary"),
+        (",".join(["3"] * (MAX_SEQ + 1)), 1, "more than the module's max-seq-len"),
+        ("1,2,x", 4, "expected comma-separated integers"),
+    ],
+)
+def test_cli_run_bad_prompts(compiled, prompt, n, needle):
+    r = _llmc("run", compiled["hf"].vmfb, "--prompt-ids", prompt, "--max-new-tokens", n)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_llmc_diff_llm_artifact(checkpoints, compiled, tmp_path):
+    """`llmc diff CHECKPOINT ARTIFACT`: prompt + greedy decode steps. Passes against its own weights,
+    fails (exit 1, naming a logits output) against a checkpoint with other weights of the same shape."""
+    import jsonschema
+
+    from llmc.compiler.report import REPORT_SCHEMA
+
+    root, config, _ = checkpoints
+    r = _llmc("diff", root / "hf", compiled["meta"].vmfb, "--steps", "4", "--json", tmp_path / "ok.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads((tmp_path / "ok.json").read_text())
+    jsonschema.validate(rep, REPORT_SCHEMA)
+    names = [o["name"] for e in rep["entry_points"] for o in e["outputs"]]
+    assert names == ["prefill.logits"] + [f"decode[{i}].logits" for i in range(4)]
+
+    write_checkpoint(config, "hf", tmp_path / "other", dtype="f32", seed=4)
+    r = _llmc("diff", tmp_path / "other", compiled["meta"].vmfb, "--steps", "2")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL" in r.stdout and "logits" in r.stdout.strip().splitlines()[-1]

@@ -1,0 +1,80 @@
+"""llmc's Llama definition against transformers' LlamaForCausalLM (same weights), in eager PyTorch.
+
+f32, so the bound is rounding only: max |diff| / max |ref| <= 1e-5 on logits (the f32 profile)."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from llmc.models.llama.config import get_config  # noqa: E402
+from llmc.models.llama.model import Llama, LlamaDecode, LlamaPrefill, init_random, new_cache, rope_inv_freq  # noqa: E402
+
+
+def _rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def _hf(config, state_dict):
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config.to_hf_config())).eval()
+    missing, unexpected = hf.load_state_dict(state_dict, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    return hf
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama3"])
+def test_forward_matches_transformers(name):
+    config = get_config(name)
+    model = init_random(config, seed=11, rope_positions=128)
+    hf = _hf(config, model.state_dict())
+    tokens = torch.randint(0, config.vocab_size, (2, 50), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert _rel(model(tokens), hf(tokens, use_cache=False).logits) <= 1e-5
+
+
+def test_llama31_rope_scaling_changes_low_frequencies_only():
+    base = get_config("tiny-llama3")
+    plain = rope_inv_freq(base.replace(rope_scaling=None))
+    scaled = rope_inv_freq(base)
+    assert torch.equal(scaled[0], plain[0])  # the highest frequency is untouched
+    assert torch.allclose(scaled[-1], plain[-1] / base.rope_scaling["factor"])  # the lowest is divided by factor
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama3"])
+def test_prefill_then_decode_equals_full_forward(name):
+    config = get_config(name)
+    model = init_random(config, seed=5, rope_positions=96)
+    tokens = torch.randint(0, config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens)
+        out = LlamaPrefill(model)(tokens[:, :25], *new_cache(config, 96))
+        assert out[0].shape == (1, 1, config.vocab_size)
+        assert _rel(out[0][0, -1], full[0, 24]) <= 1e-5
+        cache = out[1:]
+        for pos in range(25, 40):
+            out = LlamaDecode(model)(tokens[:, pos : pos + 1], torch.ones(1, pos + 1, dtype=torch.int64), *cache)
+            cache = out[1:]
+            assert _rel(out[0][0, -1], full[0, pos]) <= 1e-5, pos
+        # The cache holds exactly the positions written so far; the rest is still zero.
+        assert cache[0][:, :, :40].abs().sum() > 0 and cache[0][:, :, 40:].abs().sum() == 0
+
+
+def test_decode_mask_zero_hides_a_position():
+    config = get_config("tiny")
+    model = init_random(config, seed=2, rope_positions=32)
+    tokens = torch.randint(0, config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        cache = LlamaPrefill(model)(tokens[:, :5], *new_cache(config, 32))[1:]
+        ones = torch.ones(1, 6, dtype=torch.int64)
+        masked = ones.clone()
+        masked[0, 2] = 0
+        a = LlamaDecode(model)(tokens[:, 5:], ones, *cache)[0]
+        b = LlamaDecode(model)(tokens[:, 5:], masked, *cache)[0]
+    assert (a - b).abs().max() > 1e-3
+
+
+def test_tied_embeddings_share_one_tensor():
+    model = init_random(get_config("tiny-llama3"), seed=0)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    rebuilt = Llama.from_state_dict(model.config, {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"})
+    assert rebuilt.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

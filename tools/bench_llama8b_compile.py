@@ -1,0 +1,77 @@
+"""Compile a Llama-3-8B-shaped checkpoint (random weights) on this machine: wall time and peak RSS.
+
+    python tools/bench_llama8b_compile.py --workdir /tmp/l8b [--config llama3-8b] [--format hf|meta]
+                                          [--dtype bf16] [--max-seq-len 4096] [--keep]
+
+Writes the checkpoint with tools/make_checkpoint.py unless --workdir already holds one, then runs
+`llmc compile CHECKPOINT --dtype D --max-seq-len N` as a child process and reports its wall time,
+its peak RSS (the largest of llmc's own process and iree-compile's, from getrusage of the waited-for
+children), the per-phase seconds and iree-compile's own peak from the manifest, and the artifact
+sizes. Goal (issue 3): <= 10 min and <= 12 GB for llama3-8b bf16 on a 2-core / 24 GB machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", required=True, type=Path)
+    ap.add_argument("--config", default="llama3-8b")
+    ap.add_argument("--format", default="hf", choices=["hf", "meta"])
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--max-seq-len", type=int, default=4096)
+    ap.add_argument("--keep", action="store_true", help="keep the checkpoint and the artifacts")
+    args = ap.parse_args(argv)
+
+    ckpt = args.workdir / f"{args.config}-{args.format}"
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    if not ckpt.exists():
+        t = time.perf_counter()
+        subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("make_checkpoint.py")), "--config", args.config,
+             "--format", args.format, "--dtype", args.dtype, "--out", str(ckpt)],
+            check=True,
+        )
+        print(f"checkpoint written in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    size = sum(p.stat().st_size for p in ckpt.iterdir())
+    out = args.workdir / f"{args.config}.vmfb"
+    cmd = [sys.executable, "-m", "llmc.compiler.cli", "compile", str(ckpt), "--dtype", args.dtype,
+           "--max-seq-len", str(args.max_seq_len), "-o", str(out)]
+    t = time.perf_counter()
+    r = subprocess.run(cmd)
+    wall = time.perf_counter() - t
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if r.returncode != 0:
+        print(f"llmc compile failed with exit {r.returncode}", file=sys.stderr)
+        return r.returncode
+    manifest = json.loads(out.with_suffix(".json").read_text())
+    result = {
+        "config": args.config,
+        "format": args.format,
+        "dtype": args.dtype,
+        "max_seq_len": args.max_seq_len,
+        "checkpoint_gb": round(size / 1e9, 2),
+        "wall_s": round(wall, 1),
+        "peak_rss_gb": round(peak_mb / 1024, 2),
+        "phases_s": manifest["compile"]["seconds"],
+        "iree_compile_peak_rss_mb": manifest["compile"]["iree_compile_peak_rss_mb"],
+        "vmfb_kb": round(out.stat().st_size / 1e3, 1),
+        "irpa_gb": round(out.with_suffix(".irpa").stat().st_size / 1e9, 2),
+    }
+    print(json.dumps(result, indent=2))
+    if not args.keep:
+        for suffix in (".vmfb", ".irpa", ".json"):
+            out.with_suffix(suffix).unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
