@@ -1,0 +1,128 @@
+"""tools/ci/llmc-ci.sh (the CI stage) and tools/ci/github-actions.yml (the example workflow).
+
+The script runs for real: `llmc compile` + `llmc diff --junit/--json` on a tiny model's cpu/f32 cell,
+a planned target recorded as skipped, and a model IREE 3.13 can't compile (aten.erfinv) whose
+cell fails the run with llmc's exit code 3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from llmc.compiler.targets import DTYPES, TARGETS
+from llmc.models import zoo
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tools" / "ci" / "llmc-ci.sh"
+WORKFLOW = REPO / "tools" / "ci" / "github-actions.yml"
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def _diff_has_reports() -> bool:
+    proc = subprocess.run([sys.executable, "-m", "llmc.compiler.cli", "diff", "--help"], capture_output=True, text=True, env=ENV)
+    return "--junit" in proc.stdout and "--json" in proc.stdout
+
+
+needs_reports = pytest.mark.skipif(not _diff_has_reports(), reason="`llmc diff --help` has no --junit/--json yet")
+
+
+def run_ci(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], cwd=cwd, capture_output=True, text=True, env=ENV, timeout=900)
+
+
+def junit_cases(xml_path: Path) -> dict[str, str]:
+    """name -> "ok" | "skipped" | "failure" for every testcase in a JUnit file."""
+    out = {}
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        state = "ok"
+        for tag in ("skipped", "failure", "error"):
+            if case.find(tag) is not None:
+                state = "failure" if tag == "error" else tag
+        out[case.get("name")] = state
+    return out
+
+
+@needs_reports
+def test_ci_runs_the_matrix_and_writes_reports(tmp_path):
+    model, args, _ = zoo.build("linear_stack")
+    torch.export.save(torch.export.export(model, args), str(tmp_path / "tiny.pt2"))
+    proc = run_ci("tiny.pt2", "--targets", "cpu,hip", "--dtypes", "f32", "--reports", "rep", "--out", "arts", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = tmp_path / "rep"
+
+    # cpu/f32 runs here: compiled, then compared by llmc diff, which wrote both reports.
+    assert (tmp_path / "arts" / "tiny-cpu-f32" / "tiny.vmfb").stat().st_size > 0
+    diff_report = json.loads((rep / "tiny-cpu-f32.json").read_text())
+    assert diff_report["passed"] is True and diff_report["target"] == "cpu" and diff_report["dtype"] == "f32"
+    cases = junit_cases(rep / "tiny-cpu-f32.xml")
+    assert cases and set(cases.values()) == {"ok"}, cases
+
+    # hip is planned: recorded as skipped, nothing compiled.
+    assert junit_cases(rep / "tiny-hip-f32.xml") == {"compile": "skipped", "diff": "skipped"}
+    assert not (tmp_path / "arts" / "tiny-hip-f32").exists()
+
+    summary = json.loads((rep / "summary.json").read_text())
+    assert summary["exit_code"] == 0
+    assert [(c["cell"], c["status"]) for c in summary["cells"]] == [("tiny-cpu-f32", "passed"), ("tiny-hip-f32", "skipped")]
+    assert "1 passed, 1 skipped" in proc.stdout
+
+
+def test_ci_failing_cell_fails_the_run(tmp_path):
+    class Probit(torch.nn.Module):
+        def forward(self, x):
+            return torch.erfinv(torch.tanh(x) * 0.5)
+
+    torch.export.save(torch.export.export(Probit(), (torch.randn(2, 8),)), str(tmp_path / "probit.pt2"))
+    proc = run_ci("probit.pt2", "--reports", "rep", "--out", "arts", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # llmc compile's exit code: compiler failure
+    rep = tmp_path / "rep"
+    assert junit_cases(rep / "probit-cpu-f32.xml") == {"compile": "failure"}
+    failure = ET.parse(rep / "probit-cpu-f32.xml").getroot().find(".//failure").get("message")
+    assert "failed to legalize operation 'torch.aten.erfinv'" in failure, failure
+    summary = json.loads((rep / "summary.json").read_text())
+    assert summary["exit_code"] == 3 and summary["cells"][0]["status"] == "error"
+    # llmc compile left its reproducer in the cell's folder.
+    assert list((tmp_path / "arts" / "probit-cpu-f32").glob("llmc-repro-*/input.mlir"))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "no model given"),
+        (["missing.pt2"], "missing.pt2: no such file"),
+        (["m.pt2", "--targets", "tpu"], "'tpu' is not an llmc target"),
+        (["m.pt2", "--dtypes", "f64"], "'f64' is not an llmc dtype"),
+        (["m.pt2", "--frobnicate"], "unknown option --frobnicate"),
+    ],
+)
+def test_ci_bad_usage_exits_2(tmp_path, args, message):
+    (tmp_path / "m.pt2").write_bytes(b"unused")
+    proc = run_ci(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and proc.stderr.startswith("llmc-ci: error: "), proc.stderr
+    assert not (tmp_path / "reports" / "summary.json").exists()
+
+
+def test_workflow_installs_llmc_runs_the_script_and_publishes_junit():
+    wf = yaml.safe_load(WORKFLOW.read_text())
+    steps = [s for job in wf["jobs"].values() for s in job["steps"]]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "pip install -e ." in runs and "tools/ci/llmc-ci.sh" in runs
+    uses = {s["uses"].split("@")[0]: s for s in steps if "uses" in s}
+    assert "reports/" in uses["actions/upload-artifact"]["with"]["path"]
+    assert uses["actions/upload-artifact"]["if"] == "always()"
+    junit = uses["mikepenz/action-junit-report"]
+    assert junit["with"]["report_paths"] == "reports/*.xml" and junit["if"] == "always()"
+    # The matrix names real llmc targets and dtypes, and the reports folder the script writes.
+    assert set(wf["env"]["LLMC_CI_TARGETS"].split()) <= set(TARGETS)
+    assert set(wf["env"]["LLMC_CI_DTYPES"].split()) <= set(DTYPES)
+    assert wf["env"]["LLMC_CI_REPORTS"] == "reports"
