@@ -282,12 +282,16 @@ class LlamaDecode(nn.Module):
             keys = torch.ops.aten.slice_copy.Tensor(kc, 2, 0, n)
             values = torch.ops.aten.slice_copy.Tensor(vc, 2, 0, n)
             # Grouped-query attention without expanding the cache: the G = n_heads / n_kv_heads query heads
-            # that share a KV head become G query rows against it ([1, n_kv, G, D] x [1, n_kv, L, D]).
-            # Expanding K/V per query head (enable_gqa) would read the live cache G times per step, and
-            # with one KV head it trips IREE 3.13's data tiling ("'affine.delinearize_index' op no basis
-            # element may be statically non-positive").
-            qg = q.reshape(1, attn.n_kv_heads, attn.n_heads // attn.n_kv_heads, attn.head_dim)
-            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias)
+            # sharing a KV head are G query rows against it. Both products are written as multiply + sum
+            # (reductions in f32), not matmuls: IREE 3.13's data tiling crashes on a batch matmul whose
+            # reduction dim is the dynamic L ("'affine.delinearize_index' op no basis element may be
+            # statically non-positive"; seen with [2,2,L]x[2,L,16] and with one KV head), and a decode
+            # step's attention is a matrix-vector product that gains nothing from tiling anyway.
+            g = attn.n_heads // attn.n_kv_heads
+            qg = q.reshape(1, attn.n_kv_heads, g, 1, attn.head_dim).float()
+            scores = (qg * keys.float().unsqueeze(2)).sum(-1) * (attn.head_dim**-0.5) + bias.float()  # [1, kv, G, L]
+            p = torch.softmax(scores, dim=-1)
+            o = (p.unsqueeze(-1) * values.float().unsqueeze(2)).sum(-2).to(h.dtype)  # [1, kv, G, D]
             h = h + attn.out(o.reshape(1, attn.n_heads, 1, attn.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = m.lm_head(m.model.norm(h))
