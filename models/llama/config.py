@@ -83,8 +83,11 @@ class LlamaConfig:
             # A params.json written by to_meta_params also carries the full set under "rope_scaling"
             # (an llmc extra key), so that non-default values survive a round trip.
             given = p.get("rope_scaling") if isinstance(p.get("rope_scaling"), dict) else {}
+            # Meta's own params.json never records the factor: 8 for Llama 3.1 (dim 4096 and up), 32 for
+            # the Llama 3.2 1B/3B text models (dim 2048 / 3072), as Meta's reference code and HF's configs have it.
+            default_factor = 32.0 if dim <= 3072 and p["vocab_size"] >= 128000 else 8.0
             scaling = {
-                "factor": float(given.get("factor", p.get("rope_scaling_factor", 8.0))),
+                "factor": float(given.get("factor", p.get("rope_scaling_factor", default_factor))),
                 "low_freq_factor": float(given.get("low_freq_factor", 1.0)),
                 "high_freq_factor": float(given.get("high_freq_factor", 4.0)),
                 "original_max_position_embeddings": int(given.get("original_max_position_embeddings", 8192)),

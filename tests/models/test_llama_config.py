@@ -137,3 +137,17 @@ def test_invalid_config_rejected(change, message):
 def test_unknown_config_name_lists_known():
     with pytest.raises(InputError, match="unknown Llama config 'llama9'.*tiny"):
         get_config("llama9")
+
+
+def test_meta_params_without_factor_pick_the_published_rope_factor():
+    from llmc.models.llama.config import LlamaConfig
+
+    # Meta's params.json for Llama 3.2 1B and 3.1 8B (as published: no rope factor recorded)
+    l32 = {"dim": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8, "vocab_size": 128256, "ffn_dim_multiplier": 1.5,
+           "multiple_of": 256, "norm_eps": 1e-05, "rope_theta": 500000.0, "use_scaled_rope": True}
+    l31 = {"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "vocab_size": 128256, "ffn_dim_multiplier": 1.3,
+           "multiple_of": 1024, "norm_eps": 1e-05, "rope_theta": 500000.0, "use_scaled_rope": True}
+    assert LlamaConfig.from_meta_params(l32).rope_scaling["factor"] == 32.0
+    assert LlamaConfig.from_meta_params(l32).ffn_dim == 8192
+    assert LlamaConfig.from_meta_params(l31).rope_scaling["factor"] == 8.0
+    assert LlamaConfig.from_meta_params(l31).ffn_dim == 14336
