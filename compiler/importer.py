@@ -68,17 +68,92 @@ class ParamStore:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def write_irpa(self, path: Path) -> None:
-        """Write an IREE parameter archive with IREE's own writer (zero-copy views of the tensors)."""
+        """Write an IREE parameter archive with IREE's own writer.
+
+        Tensors that are memory-mapped from a file (a safetensors or mmap-loaded .pth checkpoint) are
+        handed to IREE as (file, offset, length), so IREE copies them with file reads and this
+        process never faults the pages in: for a 16 GB Llama-3-8B checkpoint that is the difference
+        between ~14 GB and well under 2 GB of peak RSS. Everything else goes in as a zero-copy view.
+        """
         import iree.runtime as rt
 
         index = rt.ParameterIndex()
-        for name, t in self.tensors.items():
-            t = t.contiguous()
-            if t.numel() == 0:
-                index.add_splat(name, b"\x00", 0)
-                continue
-            index.add_buffer(name, t.reshape(-1).view(torch.uint8).numpy())
-        index.create_archive_file(str(path))
+        files = _FileBacking()
+        try:
+            for name, t in self.tensors.items():
+                t = t.contiguous()
+                if t.numel() == 0:
+                    index.add_splat(name, b"\x00", 0)
+                    continue
+                nbytes = t.numel() * t.element_size()
+                backing = files.find(t.data_ptr(), nbytes)
+                if backing is not None:
+                    handle, offset = backing
+                    index.add_from_file_handle(name, handle, nbytes, offset)
+                else:
+                    index.add_buffer(name, t.reshape(-1).view(torch.uint8).numpy())
+            index.create_archive_file(str(path))
+        finally:
+            files.close()
+
+
+class _FileBacking:
+    """Maps an address range to (IREE FileHandle, file offset) when it lies in a read-only file mapping."""
+
+    def __init__(self):
+        self._maps = None
+        self._handles: dict[str, tuple[int, object]] = {}
+
+    def _load_maps(self):
+        self._maps = []
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    parts = line.split(maxsplit=5)
+                    if len(parts) < 6 or not parts[5].startswith("/") or "w" in parts[1] and "p" not in parts[1]:
+                        continue
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    self._maps.append((lo, hi, int(parts[2], 16), parts[5].strip(), parts[1]))
+        except OSError:
+            pass
+
+    def find(self, ptr: int, nbytes: int):
+        import os
+
+        import iree.runtime as rt
+
+        if self._maps is None:
+            self._load_maps()
+        for lo, hi, off, path, perms in self._maps:
+            if lo <= ptr and ptr + nbytes <= hi and perms.startswith("r"):
+                offset = off + (ptr - lo)
+                if not os.path.isfile(path) or not self._same_bytes(path, offset, ptr, nbytes):
+                    return None
+                if path not in self._handles:
+                    fd = os.open(path, os.O_RDONLY)
+                    self._handles[path] = (fd, rt.FileHandle.wrap_fd(fd))
+                return self._handles[path][1], offset
+        return None
+
+    @staticmethod
+    def _same_bytes(path: str, offset: int, ptr: int, nbytes: int) -> bool:
+        """A copy-on-write page that was modified no longer matches the file: compare the ends."""
+        import ctypes
+
+        n = min(64, nbytes)
+        with open(path, "rb") as f:
+            for at in (0, nbytes - n):
+                f.seek(offset + at)
+                if f.read(n) != ctypes.string_at(ptr + at, n):
+                    return False
+        return True
+
+    def close(self):
+        import os
+
+        for fd, _ in self._handles.values():
+            os.close(fd)
+        self._handles.clear()
 
 
 def _builtin_tensor_type(ir, t_shape, dtype: torch.dtype):
