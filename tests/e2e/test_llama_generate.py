@@ -169,3 +169,52 @@ def test_llmc_diff_llm_artifact(checkpoints, compiled, tmp_path):
     r = _llmc("diff", tmp_path / "other", compiled["meta"].vmfb, "--steps", "2")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL" in r.stdout and "logits" in r.stdout.strip().splitlines()[-1]
+
+
+def _break(kind, root, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    if kind in ("missing params.json", "wrong n_heads"):
+        d = tmp_path / "meta"
+        shutil.copytree(root / "meta", d)
+        if kind == "missing params.json":
+            (d / "params.json").unlink()
+        else:
+            p = json.loads((d / "params.json").read_text())
+            p["n_heads"] *= 2
+            (d / "params.json").write_text(json.dumps(p))
+        return d
+    d = tmp_path / "hf"
+    shutil.copytree(root / "hf", d)
+    f = d / "model.safetensors"
+    if kind == "missing key":
+        sd = load_file(f)
+        del sd["model.layers.1.mlp.up_proj.weight"]
+        save_file(sd, f)
+    else:  # truncated
+        data = f.read_bytes()
+        f.write_bytes(data[: len(data) // 2])
+    return d
+
+
+@pytest.mark.parametrize(
+    "kind, needle",
+    [
+        ("missing params.json", "params.json"),
+        ("wrong n_heads", "n_heads"),
+        ("missing key", "model.layers.1.mlp.up_proj.weight"),
+        ("truncated", "truncated"),
+    ],
+)
+def test_cli_compile_bad_checkpoints(checkpoints, tmp_path, kind, needle):
+    root, _, _ = checkpoints
+    bad = _break(kind, root, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _llmc("compile", bad, "-o", out / "m.vmfb")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert list(out.iterdir()) == []  # no partial artifacts
