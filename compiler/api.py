@@ -63,16 +63,33 @@ def compile_model(
     repro_dir=None,
     extra_iree_flags: tuple[str, ...] = (),
     quiet: bool = True,
+    max_seq_len: int | None = None,
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
 
-    model: an nn.Module (with example_args), an ExportedProgram, or a path to a .pt2 file.
+    model: an nn.Module (with example_args), an ExportedProgram, a path to a .pt2 file, or a Llama
+    checkpoint (a Meta .pth/.pt with params.json beside it, its folder, or an HF folder) or an llmc
+    `Llama` module without example_args: those become a prefill + decode module with a KV cache of
+    `max_seq_len` positions (compiler/llm.py).
     dynamic_shapes: as torch.export takes it, e.g. ({1: torch.export.Dim("seq", min=2, max=4096)},).
     output: NAME.vmfb; NAME.irpa (weights) and NAME.json (manifest) are written beside it.
     Raises llmc.errors.LlmcError subclasses: UsageError and friends for bad input (exit 2),
     CompileError when torch-mlir or iree-compile fails (exit 3, reproducer written).
     extra_iree_flags: appended after llmc's own flags (later flags win); recorded in the manifest.
     """
+    from llmc.compiler import llm
+    from llmc.models.llama.model import Llama
+
+    is_checkpoint = isinstance(model, (str, os.PathLike)) and Path(model).suffix != ".pt2" and Path(model).exists() and llm.is_llama_checkpoint(Path(model))
+    if is_checkpoint or (isinstance(model, Llama) and not example_args and not example_kwargs):
+        if output is None and is_checkpoint:
+            output = Path.cwd() / f"{llm.default_name(Path(model))}.vmfb"
+        return llm.compile_llm(
+            model, target=target, dtype=dtype, arch=arch, output=output, max_seq_len=max_seq_len,
+            dump_ir=dump_ir, repro_dir=repro_dir, extra_iree_flags=extra_iree_flags, quiet=quiet,
+        )
+    if max_seq_len is not None:
+        raise UsageError(f"--max-seq-len applies to Llama checkpoints; {model if isinstance(model, (str, os.PathLike)) else type(model).__name__} is not one")
     # Validate everything cheap before any expensive work.
     probe = targets.resolve(target, arch, dtype)
     out_vmfb, _ = _output_paths(output, model)

@@ -147,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_compile(args) -> int:
-    from llmc.compiler import llm
     from llmc.compiler.api import compile_model
 
     common = dict(
@@ -160,16 +159,9 @@ def cmd_compile(args) -> int:
         extra_iree_flags=tuple(args.iree_flag),
         quiet=False,
     )
-    model = Path(args.model)
-    if model.exists() and model.suffix != ".pt2" and llm.is_llama_checkpoint(model):
-        if args.output is None:
-            common["output"] = Path.cwd() / f"{llm.default_name(model)}.vmfb"
-        art = llm.compile_llm(model, max_seq_len=args.max_seq_len, **common)
-    else:
-        if args.max_seq_len is not None:
-            raise UsageError(f"--max-seq-len applies to Llama checkpoints; {model} is not one")
-        # compile_model validates the path, target and output before any work
-        art = compile_model(model, **common)
+    # compile_model validates the path, target and output before any work; Llama checkpoints
+    # (Meta .pth + params.json, HF folders) become a prefill + decode module (compiler/llm.py).
+    art = compile_model(Path(args.model), max_seq_len=args.max_seq_len, **common)
     manifest = art.read_manifest()
     if args.json:
         print(json.dumps({"vmfb": str(art.vmfb), "params": str(art.params) if art.params else None, "manifest": str(art.manifest), "compile": manifest["compile"]}, indent=2))
