@@ -181,7 +181,7 @@ def cmd_run(args) -> int:
     if not vmfb.exists():
         raise UsageError(f"{vmfb}: no such file")
     try:
-        prompt = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t != ""]
+        prompt = [int(t) for t in args.prompt_ids.replace(" ", "").split(",")]
     except ValueError:
         raise UsageError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers, e.g. --prompt-ids 1,2,3") from None
     if not prompt:

@@ -56,9 +56,14 @@ def run(o, overrides: dict):
         max_len = manifest["llm"]["max_seq_len"]
         profile = dtype if o.profile == "auto" else o.profile
         tol = {**diff.TOLERANCES[profile], **overrides}
-        seq = min(o.seq or 17, max_len - steps)
-        if seq < 1:
-            raise UsageError(f"--steps {steps}: leaves no room for a prompt in max-seq-len {max_len}")
+        if o.seq is not None and o.seq < 2:
+            raise UsageError(f"--seq {o.seq}: the prompt needs at least 2 tokens")
+        seq = min(17 if o.seq is None else o.seq, max_len - steps)
+        if seq < 2:
+            raise UsageError(
+                f"--steps {steps}: leaves room for a prompt of {max(seq, 0)} token(s) in max-seq-len {max_len}; "
+                f"use at most {max_len - 2} steps"
+            )
 
         llama = export.convert_module(llm.load_llama(o.model, max_seq_len=max_len), export.TORCH_DTYPES[dtype]).eval()
         llama.set_rope_positions(max_len)
@@ -66,7 +71,7 @@ def run(o, overrides: dict):
         if cfg.as_dict() != {**manifest["llm"]["config"], "eos_ids": list(manifest["llm"]["config"]["eos_ids"])}:
             raise UsageError(f"{o.model} is a {cfg.name} but {vmfb} was compiled from a different config; diff against its own checkpoint")
         g = torch.Generator().manual_seed(o.seed)
-        prompt = torch.randint(0, cfg.vocab_size, (1, max(seq, 2)), generator=g)
+        prompt = torch.randint(0, cfg.vocab_size, (1, seq), generator=g)
 
         start = time.perf_counter()
         results, agree = [], []

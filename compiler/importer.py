@@ -137,15 +137,35 @@ class _FileBacking:
 
     @staticmethod
     def _same_bytes(path: str, offset: int, ptr: int, nbytes: int) -> bool:
-        """A copy-on-write page that was modified no longer matches the file: compare the ends."""
-        import ctypes
+        """True when no page of [ptr, ptr + nbytes) was modified since it was mapped from the file.
 
-        n = min(64, nbytes)
-        with open(path, "rb") as f:
-            for at in (0, nbytes - n):
-                f.seek(offset + at)
-                if f.read(n) != ctypes.string_at(ptr + at, n):
-                    return False
+        A write to a private (copy-on-write) file mapping turns that page into an anonymous page; the
+        kernel's /proc/self/pagemap says so per page (bit 61: file-backed or shared; bit 62: swapped,
+        which only anonymous pages are; bit 63: present). Reading the flags touches no tensor data.
+        Without a readable pagemap, the tensor is treated as modified (copied, never wrong).
+        """
+        import os
+
+        import numpy as np
+
+        page = os.sysconf("SC_PAGE_SIZE")
+        first, last = ptr // page, (ptr + nbytes - 1) // page
+        try:
+            with open("/proc/self/pagemap", "rb") as f:
+                for start in range(first, last + 1, 1 << 20):
+                    count = min(1 << 20, last + 1 - start)
+                    f.seek(start * 8)
+                    flags = np.frombuffer(f.read(count * 8), dtype=np.uint64)
+                    if flags.size != count:
+                        return False
+                    present = (flags >> np.uint64(63)) & np.uint64(1)
+                    swapped = (flags >> np.uint64(62)) & np.uint64(1)
+                    file_page = (flags >> np.uint64(61)) & np.uint64(1)
+                    if np.any(swapped == 1) or np.any((present == 1) & (file_page == 0)):
+                        return False
+        except OSError:
+            return False
+        del path, offset
         return True
 
     def close(self):

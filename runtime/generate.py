@@ -79,10 +79,11 @@ class Generator:
                 f"{where}: the prompt has {len(prompt)} tokens, more than the module's max-seq-len {self.max_seq_len}; "
                 "shorten it or recompile with a larger --max-seq-len"
             )
-        if len(prompt) + max_new_tokens > self.max_seq_len:
+        # The last new token is returned, never fed back: the cache holds prompt + new - 1 positions.
+        if len(prompt) + max_new_tokens - 1 > self.max_seq_len:
             raise InputError(
                 f"{where}: prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds the module's "
-                f"max-seq-len {self.max_seq_len}; ask for at most {self.max_seq_len - len(prompt)} new tokens "
+                f"max-seq-len {self.max_seq_len}; ask for at most {self.max_seq_len - len(prompt) + 1} new tokens "
                 "or recompile with a larger --max-seq-len"
             )
 
@@ -113,12 +114,20 @@ class Generator:
         stop_at_eos: bool = True,
         on_token=None,
     ) -> list[int]:
+        import math
+        import operator
+
         prompt = _prompt_list(prompt_ids)
-        self._check(prompt, int(max_new_tokens))
+        try:
+            max_new_tokens = operator.index(max_new_tokens)
+            top_k = operator.index(top_k)
+        except TypeError:
+            raise InputError("generate: max_new_tokens and top_k must be integers") from None
+        if not (math.isfinite(temperature) and temperature >= 0) or not (math.isfinite(top_p) and 0 < top_p <= 1) or top_k < 0:
+            raise InputError("generate: temperature must be a finite number >= 0, top_p in (0, 1], top_k >= 0")
+        self._check(prompt, max_new_tokens)
         if max_new_tokens == 0:
             return []
-        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise InputError("generate: temperature must be >= 0, top_p in (0, 1], top_k >= 0")
         vm = self.module._vm_module_handle()
         device = self.module._device
         rng = np.random.default_rng(seed) if temperature > 0 else None
@@ -137,6 +146,8 @@ class Generator:
         while True:
             logits, cache = out[0], out[1:]
             row = np.asarray(logits.to_host() if hasattr(logits, "to_host") else logits).reshape(-1)
+            if not np.isfinite(row.astype(np.float32)).all():
+                raise RuntimeCallError(f"{self.module.vmfb.name}: the module returned non-finite logits at position {length}")
             tok = sample(row.astype(np.float32), rng, temperature, top_k, top_p)
             tokens.append(tok)
             if on_token is not None:

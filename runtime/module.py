@@ -321,6 +321,10 @@ class Module:
 
 
 def load(path_or_artifact, device: str | None = None, *, threads: int | None = None) -> Module:
-    """Load a compiled module. `path_or_artifact`: the .vmfb path or an llmc.Artifact."""
+    """Load a compiled module. `path_or_artifact`: the .vmfb path or an llmc.Artifact.
+
+    threads: worker count of IREE's local-task device. IREE caches devices per process and the flag
+    is process-global, so it takes effect for the first module loaded in a process only.
+    """
     vmfb = getattr(path_or_artifact, "vmfb", path_or_artifact)
     return Module(Path(os.fspath(vmfb)), device=device, threads=threads)

@@ -53,3 +53,15 @@ def test_modified_copy_on_write_page_is_not_read_from_the_file(tmp_path):
     store.add("z", z)
     store.write_irpa(tmp_path / "z.irpa")
     assert _read_irpa(tmp_path / "z.irpa")["z"].view(np.float32)[0] == 5.0
+
+
+def test_a_write_in_the_middle_of_a_mapped_tensor_is_kept(tmp_path):
+    """Only a middle page differs from the file: the archive must hold the modified bytes."""
+    torch.save({"w": torch.arange(1_000_000, dtype=torch.float32)}, tmp_path / "w.pt")
+    w = torch.load(tmp_path / "w.pt", mmap=True, weights_only=True)["w"]
+    w[500_000:500_010] = -1.0
+    store = ParamStore()
+    store.add("w", w)
+    store.write_irpa(tmp_path / "w.irpa")
+    got = _read_irpa(tmp_path / "w.irpa")["w"].view(np.float32)
+    assert got[500_000] == -1.0 and got[0] == 0.0 and got[999_999] == 999_999.0

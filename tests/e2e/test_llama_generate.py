@@ -222,3 +222,27 @@ def test_cli_compile_bad_checkpoints(checkpoints, tmp_path, kind, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
     assert list(out.iterdir()) == []  # no partial artifacts
+
+
+def test_generate_edges(compiled):
+    """Review findings: the exact cache boundary works; non-finite or non-integer options are refused."""
+    import llmc
+    from llmc.errors import InputError
+
+    mod = llmc.load(compiled["hf"])
+    full = [3] * MAX_SEQ
+    assert len(mod.generate(full, 1, stop_at_eos=False)) == 1  # the last new token is never fed back
+    assert len(mod.generate(full[:-4], 5, stop_at_eos=False)) == 5
+    with pytest.raises(InputError, match="max-seq-len"):
+        mod.generate(full[:-4], 6)
+    for bad in ({"temperature": float("nan")}, {"top_p": 5.0}, {"max_new_tokens": 2.5}):
+        with pytest.raises(InputError):
+            mod.generate(PROMPT, **{"max_new_tokens": 3, **bad})
+
+
+def test_cli_bad_lengths(checkpoints, compiled, tmp_path):
+    root, _, _ = checkpoints
+    r = _llmc("compile", root / "hf", "--max-seq-len", "2", "-o", tmp_path / "m.vmfb")
+    assert r.returncode == 2 and "at least 3" in r.stderr, r.stderr
+    r = _llmc("diff", root / "hf", compiled["hf"].vmfb, "--steps", str(MAX_SEQ - 1))
+    assert r.returncode == 2 and "--steps" in r.stderr, r.stderr
