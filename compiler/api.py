@@ -82,8 +82,6 @@ def compile_model(
 
     is_checkpoint = isinstance(model, (str, os.PathLike)) and Path(model).suffix != ".pt2" and Path(model).exists() and llm.is_llama_checkpoint(Path(model))
     if is_checkpoint or (isinstance(model, Llama) and not example_args and not example_kwargs):
-        if output is None and is_checkpoint:
-            output = Path.cwd() / f"{llm.default_name(Path(model))}.vmfb"
         return llm.compile_llm(
             model, target=target, dtype=dtype, arch=arch, output=output, max_seq_len=max_seq_len,
             dump_ir=dump_ir, repro_dir=repro_dir, extra_iree_flags=extra_iree_flags, quiet=quiet,

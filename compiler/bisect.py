@@ -628,7 +628,7 @@ def repro_py(
     error = error.replace("\\", "/").replace('"' * 3, "'" * 3)
     where = f"\nFrom {culprit.module_path} ({culprit.module_type}) at {culprit.source}" if culprit else ""
     if with_inputs:
-        make = 'args = tuple(torch.load(HERE / "inputs.pt"))  # the values the op saw in the model'
+        make = 'args = tuple(torch.load(HERE / "inputs.pt", weights_only=True))  # the values the op saw in the model'
     else:
         lines = []
         for s in specs:

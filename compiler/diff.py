@@ -408,6 +408,11 @@ def describe(r: OutputDiff) -> str:
     return text
 
 
+def result_line(r: OutputDiff) -> str:
+    """One printed line per output: status, name, shape, dtype, the measurements, why it failed."""
+    return f"{'ok  ' if r.passed else 'FAIL'} {r.name} {r.shape} {r.dtype}: {describe(r)}" + (f"  ({r.reason})" if r.reason else "")
+
+
 # ---------------------------------------------------------------------------------------------
 # The whole `llmc diff` run: options in, report and printed lines out (the CLI writes the files).
 
@@ -581,9 +586,7 @@ def _run(o: DiffOptions) -> DiffOutcome:
             )
 
     passed = all(r.passed for r in results)
-    lines = []
-    for r in results:
-        lines.append(f"{'ok  ' if r.passed else 'FAIL'} {r.name} {r.shape} {r.dtype}: {describe(r)}" + (f"  ({r.reason})" if r.reason else ""))
+    lines = [result_line(r) for r in results]
     if pl is not None:
         lines.extend(_per_layer_lines(pl, o.verbose))
     n_fail = sum(not r.passed for r in results)

@@ -65,7 +65,7 @@ def run(o, overrides: dict):
                 f"use at most {max_len - 2} steps"
             )
 
-        llama = export.convert_module(llm.load_llama(o.model, max_seq_len=max_len), export.TORCH_DTYPES[dtype]).eval()
+        llama = export.convert_module(llm.load_llama(o.model), export.TORCH_DTYPES[dtype]).eval()
         llama.set_rope_positions(max_len)
         cfg = llama.config
         if cfg.as_dict() != {**manifest["llm"]["config"], "eos_ids": list(manifest["llm"]["config"]["eos_ids"])}:
@@ -96,7 +96,7 @@ def run(o, overrides: dict):
 
     bad = diff.worst(results)
     passed = all(r.passed for r in results)
-    lines = [f"{'ok  ' if r.passed else 'FAIL'} {r.name} {r.shape} {r.dtype}: {diff.describe(r)}" + (f"  ({r.reason})" if r.reason else "") for r in results]
+    lines = [diff.result_line(r) for r in results]
     lines.append(f"greedy tokens: {sum(agree)} of {len(agree)} decode-step inputs agree with eager's choice")
     n_fail = sum(not r.passed for r in results)
     if passed:

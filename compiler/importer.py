@@ -127,7 +127,7 @@ class _FileBacking:
         for lo, hi, off, path, perms in self._maps:
             if lo <= ptr and ptr + nbytes <= hi and perms.startswith("r"):
                 offset = off + (ptr - lo)
-                if not os.path.isfile(path) or not self._same_bytes(path, offset, ptr, nbytes):
+                if not os.path.isfile(path) or not self._unmodified(ptr, nbytes):
                     return None
                 if path not in self._handles:
                     fd = os.open(path, os.O_RDONLY)
@@ -136,7 +136,7 @@ class _FileBacking:
         return None
 
     @staticmethod
-    def _same_bytes(path: str, offset: int, ptr: int, nbytes: int) -> bool:
+    def _unmodified(ptr: int, nbytes: int) -> bool:
         """True when no page of [ptr, ptr + nbytes) was modified since it was mapped from the file.
 
         A write to a private (copy-on-write) file mapping turns that page into an anonymous page; the
@@ -165,7 +165,6 @@ class _FileBacking:
                         return False
         except OSError:
             return False
-        del path, offset
         return True
 
     def close(self):

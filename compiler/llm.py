@@ -35,14 +35,15 @@ def is_llama_checkpoint(path) -> bool:
     return loaders.detect_format(Path(path)) is not None
 
 
-def load_llama(path, *, max_seq_len: int | None = None, check_len: bool = False) -> Llama:
-    """A Llama built around a checkpoint's tensors (memory-mapped where the format allows)."""
+def load_llama(path) -> Llama:
+    """A Llama built around a checkpoint's tensors (memory-mapped where the format allows).
+
+    Its rope tables have the default length; export_llm sizes them to the compiled max-seq-len.
+    """
     from llmc.models.llama import loaders
 
     config, state_dict = loaders.load_checkpoint(Path(path))
-    if check_len and max_seq_len is not None and max_seq_len > config.max_seq_len:
-        raise UsageError(f"--max-seq-len={max_seq_len}: {config.name} was trained for {config.max_seq_len} positions; use at most that")
-    return Llama.from_state_dict(config, state_dict, rope_positions=max_seq_len or _default_len(config))
+    return Llama.from_state_dict(config, state_dict)
 
 
 def default_name(path: Path) -> str:
@@ -113,6 +114,8 @@ def compile_llm(
 ):
     """Compile a Llama checkpoint (Meta .pth + params.json, or an HF folder) or an llmc `Llama`."""
     probe = targets.resolve(target, arch, dtype)
+    if output is None and isinstance(model, (str, os.PathLike)):
+        output = Path.cwd() / f"{default_name(Path(model))}.vmfb"
     out_vmfb, _ = api._output_paths(output, model)
     if max_seq_len is not None and max_seq_len < 3:
         raise UsageError(f"--max-seq-len={max_seq_len}: must be at least 3 (prefill takes 2 tokens or more)")
@@ -122,7 +125,7 @@ def compile_llm(
             raise UsageError(f"{model}: no such file or directory")
         source = {"kind": "llama-checkpoint", "path": str(Path(model).resolve())}
         with phases.phase("load checkpoint"):
-            llama = load_llama(model, max_seq_len=max_seq_len, check_len=True)
+            llama = load_llama(model)
         if Path(model).is_file():
             source["sha256"] = artifacts.sha256_file(Path(model))
     elif isinstance(model, Llama):

@@ -96,12 +96,6 @@ class Generator:
         zeros = np.zeros(spec["shape"], dtype=_np_dtype(spec["dtype"]))
         return [rt.asdevicearray(device, zeros) for _ in range(spec["count"])]
 
-    def _call(self, fn, name, args):
-        try:
-            return list(fn(*args))
-        except Exception as e:
-            raise RuntimeCallError(f"{name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
-
     def generate(
         self,
         prompt_ids,
@@ -128,19 +122,17 @@ class Generator:
         self._check(prompt, max_new_tokens)
         if max_new_tokens == 0:
             return []
-        vm = self.module._vm_module_handle()
+        prefill = self.module.entry_points[self.llm["prefill"]["function"]].call_raw
+        decode = self.module.entry_points[self.llm["decode"]["function"]].call_raw
         device = self.module._device
         rng = np.random.default_rng(seed) if temperature > 0 else None
         eos = set(self.config.get("eos_ids") or ()) if stop_at_eos else set()
         cache = self._new_cache(device)
 
         if len(prompt) >= int(self.llm["prefill"].get("min_tokens", 2)):
-            out = self._call(vm[self.llm["prefill"]["function"]], "prefill", [np.asarray([prompt], dtype=np.int64), *cache])
+            out = list(prefill([np.asarray([prompt], dtype=np.int64), *cache]))
         else:  # a one-token prompt is a decode step at position 0
-            out = self._call(
-                vm[self.llm["decode"]["function"]], "decode",
-                [np.asarray([prompt], dtype=np.int64), np.ones((1, 1), dtype=np.int64), *cache],
-            )
+            out = list(decode([np.asarray([prompt], dtype=np.int64), np.ones((1, 1), dtype=np.int64), *cache]))
         tokens: list[int] = []
         length = len(prompt)
         while True:
@@ -155,7 +147,4 @@ class Generator:
             if len(tokens) >= max_new_tokens or tok in eos:
                 return tokens
             length += 1
-            out = self._call(
-                vm[self.llm["decode"]["function"]], "decode",
-                [np.asarray([[tok]], dtype=np.int64), np.ones((1, length), dtype=np.int64), *cache],
-            )
+            out = list(decode([np.asarray([[tok]], dtype=np.int64), np.ones((1, length), dtype=np.int64), *cache]))

@@ -8,7 +8,7 @@ safetensors or pytorch_model.bin), both returned under Hugging Face LlamaForCaus
 `model.norm.weight` and `lm_head.weight` (absent when `config.tie_embeddings`) to tensors, with the
 rotary dimensions of q/k in HF's rotate-half order.
 
-Memory: files are memory-mapped (`torch.load(mmap=True)`, `safetensors.safe_open`) and their tensors
+Memory: files are memory-mapped (`torch.load(weights_only=True, mmap=True)`, `safetensors.safe_open`) and their tensors
 are passed through untouched, so the weights are never held twice. New tensors are made only for what
 is converted: Meta's wq/wk (row permutation), a `dtype` change, and tensors merged from several Meta
 model-parallel shards.

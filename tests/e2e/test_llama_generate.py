@@ -246,3 +246,50 @@ def test_cli_bad_lengths(checkpoints, compiled, tmp_path):
     assert r.returncode == 2 and "at least 3" in r.stderr, r.stderr
     r = _llmc("diff", root / "hf", compiled["hf"].vmfb, "--steps", str(MAX_SEQ - 1))
     assert r.returncode == 2 and "--steps" in r.stderr, r.stderr
+
+
+@pytest.fixture(scope="module")
+def plain_module(tmp_path_factory):
+    """A non-language-model .pt2 and its artifact, for the LLM-only flags' errors."""
+    import llmc
+
+    tmp = tmp_path_factory.mktemp("plain")
+    model = torch.nn.Linear(4, 3)
+    pt2 = tmp / "lin.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(2, 4),)), pt2)
+    return pt2, llmc.compile(pt2, output=tmp / "lin.vmfb")
+
+
+def test_llm_only_options_are_refused_with_one_line(checkpoints, compiled, plain_module, tmp_path):
+    """Each LLM-specific option on the wrong kind of input: exit 2, one line naming the option or file."""
+    root, _, _ = checkpoints
+    pt2, plain = plain_module
+    np_inputs = tmp_path / "x.npz"
+    import numpy as np
+
+    np.savez(np_inputs, x=np.zeros((2, 4), np.float32))
+    write_checkpoint(get_config("tiny"), "hf", tmp_path / "other-config", dtype="f32", seed=0)
+    cases = [
+        (("compile", pt2, "--max-seq-len", "64", "-o", tmp_path / "a.vmfb"), "--max-seq-len applies to Llama checkpoints"),
+        (("run", plain.vmfb, "--prompt-ids", "1,2"), "not a language-model module"),
+        (("run", compiled["hf"].vmfb, "--prompt-ids", "1,,2"), "expected comma-separated integers"),
+        (("diff", pt2, plain.vmfb, "--steps", "3"), "--steps: applies to language-model checkpoints"),
+        (("diff", root / "hf", compiled["hf"].vmfb, "--inputs", np_inputs), "--inputs: language-model diffs use a seeded prompt"),
+        (("diff", root / "hf", compiled["hf"].vmfb, "--per-layer"), "--per-layer: not available for language-model checkpoints"),
+        (("diff", root / "hf", plain.vmfb), "is not a language-model module"),
+        (("diff", tmp_path / "other-config", compiled["hf"].vmfb), "compiled from a different config"),
+        (("diff", root / "hf", compiled["hf"].vmfb, "--seq", "1"), "--seq 1: the prompt needs at least 2 tokens"),
+    ]
+    for args, needle in cases:
+        r = _llmc(*args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (args, r.returncode, r.stderr)
+    assert not (tmp_path / "a.vmfb").exists()
+
+
+def test_generate_empty_prompt(compiled):
+    import llmc
+    from llmc.errors import InputError
+
+    with pytest.raises(InputError, match="the prompt is empty"):
+        llmc.load(compiled["hf"]).generate([], 3)
