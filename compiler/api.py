@@ -41,14 +41,6 @@ def _source_info(model) -> dict:
     return {"kind": type(model).__name__}
 
 
-def _is_dynamic(ep) -> bool:
-    for n in ep.graph.nodes:
-        val = n.meta.get("val")
-        if isinstance(val, torch.Tensor) and any(not isinstance(d, int) for d in val.shape):
-            return True
-    return False
-
-
 def compile_model(
     model,
     example_args: tuple = (),
@@ -109,7 +101,7 @@ def compile_model(
             dynamic_shapes=dynamic_shapes,
             attention=probe.caps.attention,
         )
-    resolved = with_extra_flags(targets.resolve(target, arch, dtype, dynamic=_is_dynamic(exported.program)), extra_iree_flags)
+    resolved = with_extra_flags(targets.resolve(target, arch, dtype, dynamic=export.is_dynamic(exported.program)), extra_iree_flags)
     signature = artifacts.entry_signature(exported.program, "main")
     return build_artifact(
         [(exported, "main", signature)],

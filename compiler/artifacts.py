@@ -55,6 +55,17 @@ def temp_path(final: Path) -> Path:
     return Path(tmp)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temp file beside it and a rename: never a half-written file."""
+    tmp = temp_path(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 # ---------------------------------------------------------------------------------------------
 # Signature: what the runtime checks calls against.
 

@@ -377,18 +377,10 @@ def node_origin(node: torch.fx.Node, strip_prefix: str = "") -> tuple[str, str, 
         path = path[len(strip_prefix) :]
     elif strip_prefix and path == strip_prefix.rstrip("."):
         path = ""
-    # 'File "m.py", line 7, in forward\n    code' (the code line is missing for <stdin> and the like)
-    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+(?:\n {4}(.*))?', node.meta.get("stack_trace") or "")
-    torch_dir = os.path.dirname(torch.__file__)
-    llmc_export = os.path.abspath(export.__file__)
-    user = [f for f in frames if not f[0].startswith(torch_dir) and os.path.abspath(f[0]) != llmc_export]
-    frame = (user or frames or [None])[-1]
-    source = "(no stack trace recorded)"
-    if frame:
-        import linecache
+    from llmc.compiler.per_layer import source_of
 
-        code = frame[2].strip() or linecache.getline(frame[0], int(frame[1])).strip()
-        source = f"{frame[0]}:{frame[1]}" + (f": {code}" if code else "")
+    where, code = source_of(node)
+    source = "(no stack trace recorded)" if where is None else where + (f": {code}" if code else "")
     return path or "(top level)", mtype.rsplit(".", 1)[-1] or "?", source
 
 
@@ -405,11 +397,10 @@ def op_name(node: torch.fx.Node) -> str:
 class _Session:
     """Everything fixed for one bisection: target, flags, scratch folder, inputs, eager values."""
 
-    def __init__(self, program, strip_prefix, resolved, dtype, scratch: Path, progress, inputs, eager):
+    def __init__(self, program, resolved, scratch: Path, progress, inputs, eager):
         self.program = program
-        self.strip_prefix = strip_prefix
         self.resolved = resolved
-        self.dtype = dtype
+        self.dtype = resolved.dtype
         self.scratch = scratch
         self.progress = progress
         self.inputs = inputs  # (args, kwargs) or None when the target does not run here
@@ -468,8 +459,7 @@ class _Session:
         try:
             iree.compile_mlir(mlir, vmfb, list(flags), repro_dir=work / "repro", target_name=resolved.name)
         except CompileError as e:
-            saved = list((work / "repro").glob("llmc-repro-*"))
-            diagnostics = (saved[0] / "stderr.txt").read_text() if saved else str(e)
+            diagnostics = e.diagnostics or str(e)
             sig, first = error_signature(diagnostics)
             if sig == "(no diagnostics)":
                 sig = first = str(e).splitlines()[0]
@@ -824,7 +814,7 @@ def bisect(
 
     exported = export.export_model(model, tuple(example_args), example_kwargs, dtype=dtype, attention=probe.caps.attention)
     program = exported.program
-    resolved = targets.resolve(target, arch, dtype, dynamic=_is_dynamic(program))
+    resolved = targets.resolve(target, arch, dtype, dynamic=export.is_dynamic(program))
     runs_here = resolved.caps.runs_here.startswith("yes")
     inputs = eager = None
     if runs_here:
@@ -837,7 +827,7 @@ def bisect(
 
     ops = graph_ops(program)
     scratch = Path(tempfile.mkdtemp(prefix="llmc-bisect-"))
-    s = _Session(program, exported.strip_prefix, resolved, dtype, scratch, progress, inputs, eager)
+    s = _Session(program, resolved, scratch, progress, inputs, eager)
     report = BisectReport("ok", model_name, resolved.name, dtype, resolved.arch, len(ops), s.attempts, 0.0)
     report.compared = runs_here
     try:
@@ -854,14 +844,6 @@ def bisect(
         shutil.rmtree(scratch, ignore_errors=True)
     report.seconds = time.perf_counter() - started
     return report
-
-
-def _is_dynamic(ep) -> bool:
-    for n in ep.graph.nodes:
-        val = n.meta.get("val")
-        if isinstance(val, torch.Tensor) and any(not isinstance(d, int) for d in val.shape):
-            return True
-    return False
 
 
 def _localise(s: _Session, report: BisectReport, strip_prefix: str, ops, out_dir: Path) -> None:
@@ -980,4 +962,4 @@ def _check(s: _Session, report: BisectReport, out_dir: Path, failure: Failure) -
 
 
 def write_json(report: BisectReport, path: Path) -> None:
-    Path(path).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    artifacts.write_text_atomic(Path(path), json.dumps(report.as_dict(), indent=2) + "\n")

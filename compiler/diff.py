@@ -199,11 +199,6 @@ def _leaf_paths(structure: dict, prefix: str = "out") -> list[str]:
     return [p for p, _ in _leaf_specs(structure, prefix)]
 
 
-def output_names(structure: dict) -> list[str]:
-    """The user-facing names of an entry point's tensor outputs: out, out[0], out['logits'], ..."""
-    return _leaf_paths(structure)
-
-
 def logits_outputs(structure: dict, requested: list[str] | tuple[str, ...] = ()) -> set[str]:
     """Names of the outputs to check as logits: role "logits" in the manifest, plus `requested`."""
     specs = _leaf_specs(structure)

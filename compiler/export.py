@@ -121,6 +121,15 @@ def _for_varargs(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes):
     return {"args": by_pos, "kwargs": by_name} if kwargs else {"args": by_pos}
 
 
+def is_dynamic(ep: torch.export.ExportedProgram) -> bool:
+    """Whether any value in the program has a symbolic (dynamic) dimension."""
+    for n in ep.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and any(not isinstance(d, int) for d in val.shape):
+            return True
+    return False
+
+
 def retarget_graph(gm):
     """Prepare an f32-exported graph (ExportedProgram.module()) for conversion to another dtype.
 

@@ -73,7 +73,8 @@ def compile_mlir(
         _cleanup(work)
         raise CompileError(
             f"iree-compile {how} for target '{target_name}'.\nDiagnostics:\n{shown or '(none)'}\n"
-            f"Input IR saved to {saved / 'input.mlir'}. Reproduce with: {shlex.join(_repro_cmd(cmd, saved))}"
+            f"Input IR saved to {saved / 'input.mlir'}. Reproduce with: {shlex.join(_repro_cmd(cmd, saved))}",
+            diagnostics=diagnostics,
         )
     os.replace(tmp_out, output)
     _cleanup(work)

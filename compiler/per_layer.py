@@ -94,7 +94,7 @@ _FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in .*$')
 
 
 def source_of(node) -> tuple[str | None, str | None]:
-    """("file:line", code) of the innermost stack frame outside torch itself, else the innermost one."""
+    """("file:line", code) of the innermost stack frame outside torch and llmc's export wrappers, else the innermost one."""
     frames = []  # [file, line, code or None]
     for text in (node.meta.get("stack_trace") or "").splitlines():
         m = _FRAME.match(text)
@@ -104,8 +104,14 @@ def source_of(node) -> tuple[str | None, str | None]:
             frames[-1][2] = text.strip()
     if not frames:
         return None, None
-    user = [f for f in frames if not os.path.abspath(f[0]).startswith(_TORCH_DIR + os.sep)]
+    # llmc's own wrappers (export.CastInputs) are not where the user's op is either.
+    ours = os.path.abspath(export.__file__)
+    user = [f for f in frames if not os.path.abspath(f[0]).startswith(_TORCH_DIR + os.sep) and os.path.abspath(f[0]) != ours]
     file, line, code = (user or frames)[-1]
+    if code is None:  # no code line for <stdin> and the like; the file may still be readable
+        import linecache
+
+        code = linecache.getline(file, int(line)).strip() or None
     return f"{file}:{line}", code
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -258,18 +257,8 @@ def build_report(*, summary: str, model: str, artifact: str, compiled_by_diff: b
     )
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = artifacts.temp_path(path)
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def write_json(path: Path, report: dict) -> None:
-    _write_atomic(Path(path), json.dumps(report, indent=2, allow_nan=False) + "\n")
+    artifacts.write_text_atomic(Path(path), json.dumps(report, indent=2, allow_nan=False) + "\n")
 
 
 def _fmt(x) -> str:
@@ -317,4 +306,4 @@ def junit_xml(report: dict) -> str:
 
 
 def write_junit(path: Path, report: dict) -> None:
-    _write_atomic(Path(path), junit_xml(report))
+    artifacts.write_text_atomic(Path(path), junit_xml(report))

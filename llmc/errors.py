@@ -33,9 +33,16 @@ class PassError(LlmcError):
 
 
 class CompileError(LlmcError):
-    """iree-compile (or the torch-mlir importer) failed; a reproducer has been written."""
+    """iree-compile (or the torch-mlir importer) failed; a reproducer has been written.
+
+    `diagnostics`: the compiler's whole stderr when there is one (the message shows the first lines).
+    """
 
     exit_code = 3
+
+    def __init__(self, message: str, diagnostics: str | None = None):
+        super().__init__(message)
+        self.diagnostics = diagnostics
 
 
 class RuntimeLoadError(UsageError):

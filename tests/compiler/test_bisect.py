@@ -252,3 +252,22 @@ def test_api_bisects_a_real_f16_drift_to_one_op(tmp_path):
     line = next(l for l in rerun.stdout.splitlines() if l.startswith("DRIFT output 0"))
     assert float(re.search(r"max_rel ([\d.e+-]+)", line).group(1)) > 0.02
     assert json.loads(json.dumps(rep.as_dict()))["culprit"]["op"] == "aten.sum.dim_IntList"
+
+
+def test_bad_paths_are_one_line_errors(tmp_path):
+    """Bad MODEL and -o paths: exit 2, one `llmc: error:` line naming the path, nothing created."""
+    (tmp_path / "m.pth").write_bytes(b"x")
+    (tmp_path / "file").write_text("x")
+    pt2 = tmp_path / "lin.pt2"
+    torch.export.save(torch.export.export(nn.Linear(4, 2), (torch.randn(1, 4),)), pt2)
+    cases = [
+        (("m.pth",), "llmc bisect takes a torch.export archive (.pt2)"),
+        (("lin.pt2", "-o", "file"), "exists and is not a directory"),
+        (("lin.pt2", "-o", "no/such/dir"), "does not exist"),
+    ]
+    for args, needle in cases:
+        before = set(tmp_path.rglob("*"))
+        r = run_cli("bisect", *args, cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("llmc: error:") and needle in lines[0], (args, r.stderr)
+        assert set(tmp_path.rglob("*")) == before

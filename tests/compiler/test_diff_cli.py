@@ -403,3 +403,28 @@ def test_compile_failure_exits_3_with_a_reproducer(built, work, capsys):
     (saved,) = (work / "repro").iterdir()
     assert sorted(p.name for p in saved.iterdir()) == ["command.sh", "input.mlir", "stderr.txt"]
     assert not (work / "r.json").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, names",
+    [
+        (("--top-k", "0"), ("--top-k 0", "at least 1")),
+        (("--per-layer-depth", "0"), ("--per-layer-depth 0", "at least 1")),
+        (("--tolerance-profile", "f8"), ("--tolerance-profile=f8", "auto")),
+    ],
+)
+def test_option_range_errors(built, work, capsys, extra, names):
+    before = files(work)
+    code, out, err = llmc_diff(capsys, built["model"], built["vmfb"], *extra, "--json", "r.json")
+    assert code == 2 and out == ""
+    one_error_line(err, *names)
+    assert files(work) == before  # no report written
+
+
+def test_artifact_of_another_model(built, work, capsys):
+    """An artifact whose input differs from the model's: exit 2 naming the input, nothing run."""
+    other = work / "emb.pt2"
+    torch.export.save(torch.export.export(nn.Embedding(10, 16), (torch.zeros(2, 6, dtype=torch.int64),)), other)
+    code, _, err = llmc_diff(capsys, other, built["vmfb"])
+    assert code == 2
+    one_error_line(err, "diff the artifact against the model it was compiled from")
