@@ -246,16 +246,24 @@ def cmd_info(args) -> int:
 
 
 def cmd_targets(args) -> int:
-    from llmc.compiler.targets import TARGETS
+    from llmc.compiler import targets
 
     if args.json:
-        print(json.dumps({n: {k: v for k, v in vars(c).items()} for n, c in TARGETS.items()}, indent=2))
+        print(json.dumps(targets.as_json(), indent=2))
         return 0
-    for c in TARGETS.values():
-        state = "" if c.implemented else "  [planned]"
-        print(f"{c.name:7s} {c.device}/{c.backend}, arch default {c.default_arch}, runs here: {c.runs_here}{state}")
-        for dt, mode in c.dtype_support.items():
-            print(f"          {dt:5s} {mode}")
+    for c in targets.TARGETS.values():
+        if c.implemented:
+            state = "implemented; " + (f"runs here {c.runs_how}" if c.runs_here else c.runs_how)
+        else:
+            state = "planned, not implemented yet"
+        print(f"{c.name:7s} {c.device}/{c.backend}, arch default {c.default_arch}: {state}")
+        for dt, s in c.dtypes.items():
+            print(f"          {dt:5s} {s.text()}{'' if s.implemented else '  [planned]'}")
+        for name, a in c.archs.items():
+            feats = [f"fp8 {a.fp8}", f"bf16 math {'yes' if a.bf16 else 'no'}", f"int8 dot {'yes' if a.int8_dot else 'no'}"]
+            if a.subgroup_sizes:
+                feats.append(f"subgroup {'/'.join(map(str, a.subgroup_sizes))}, {a.shared_memory_kb} KiB shared")
+            print(f"          arch {name}: {', '.join(feats)}" + (f" ({a.note})" if a.note else ""))
         if c.notes:
             print(f"          note: {c.notes}")
     return 0

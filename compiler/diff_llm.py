@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from llmc.compiler import diff, export
+from llmc import dtypes
+from llmc.compiler import diff_metrics, export, lower
 from llmc.errors import UsageError
 
 DEFAULT_STEPS = 8
@@ -41,10 +42,10 @@ def run(o, overrides: dict):
     with contextlib.ExitStack() as stack:
         if o.artifact is None:
             output = o.output or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llmc-diff-"))) / "model.vmfb"
-            art = llm.compile_llm(
-                o.model, target=o.target or "cpu", dtype=o.dtype or "f32", arch=o.arch, output=output,
-                repro_dir=o.repro_dir, quiet=not o.verbose,
+            opts = lower.CompileOptions(
+                target=o.target or "cpu", dtype=o.dtype or "f32", arch=o.arch, output=output, repro_dir=o.repro_dir, quiet=not o.verbose
             )
+            art = llm.compile_llm(o.model, opts)
             vmfb = art.vmfb
         else:
             vmfb = o.artifact
@@ -55,7 +56,7 @@ def run(o, overrides: dict):
         dtype = manifest["dtype"]
         max_len = manifest["llm"]["max_seq_len"]
         profile = dtype if o.profile == "auto" else o.profile
-        tol = {**diff.TOLERANCES[profile], **overrides}
+        tol = {**diff_metrics.TOLERANCES[profile], **overrides}
         if o.seq is not None and o.seq < 2:
             raise UsageError(f"--seq {o.seq}: the prompt needs at least 2 tokens")
         seq = min(17 if o.seq is None else o.seq, max_len - steps)
@@ -65,7 +66,7 @@ def run(o, overrides: dict):
                 f"use at most {max_len - 2} steps"
             )
 
-        llama = export.convert_module(llm.load_llama(o.model), export.TORCH_DTYPES[dtype]).eval()
+        llama = export.convert_module(llm.load_llama(o.model), dtypes.compute_torch_dtype(dtype)).eval()
         llama.set_rope_positions(max_len)
         cfg = llama.config
         if cfg.as_dict() != {**manifest["llm"]["config"], "eos_ids": list(manifest["llm"]["config"]["eos_ids"])}:
@@ -75,11 +76,11 @@ def run(o, overrides: dict):
 
         start = time.perf_counter()
         results, agree = [], []
-        tdt = export.TORCH_DTYPES[dtype]
+        tdt = dtypes.compute_torch_dtype(dtype)
         with torch.no_grad():
             ref = LlamaPrefill(llama)(prompt, *new_cache(cfg, max_len, tdt))
         got = mod.prefill(prompt, *new_cache(cfg, max_len, tdt))
-        results.append(diff.compare("prefill.logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
+        results.append(diff_metrics.compare("prefill.logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
         ref_cache, got_cache = ref[1:], got[1:]
         n = prompt.shape[1]
         for i in range(steps):
@@ -90,13 +91,13 @@ def run(o, overrides: dict):
             with torch.no_grad():
                 ref = LlamaDecode(llama)(token, mask, *ref_cache)
             got = mod.decode(token, mask, *got_cache)
-            results.append(diff.compare(f"decode[{i}].logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
+            results.append(diff_metrics.compare(f"decode[{i}].logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
             ref_cache, got_cache = ref[1:], got[1:]
         seconds = time.perf_counter() - start
 
-    bad = diff.worst(results)
+    bad = diff_metrics.worst(results)
     passed = all(r.passed for r in results)
-    lines = [diff.result_line(r) for r in results]
+    lines = [diff_metrics.result_line(r) for r in results]
     lines.append(f"greedy tokens: {sum(agree)} of {len(agree)} decode-step inputs agree with eager's choice")
     n_fail = sum(not r.passed for r in results)
     if passed:
@@ -111,4 +112,4 @@ def run(o, overrides: dict):
         inputs={"source": "random", "seed": o.seed, "file": None},
         entries=entries,
     )
-    return diff.DiffOutcome(passed, rep, lines)
+    return report.DiffOutcome(passed, rep, lines)

@@ -1,17 +1,13 @@
-"""torch.export: from a user's model (nn.Module, ExportedProgram or .pt2 file) to the graph we import.
+"""torch.export: from a user's model (nn.Module, ExportedProgram or .pt2 file) to the program we lower.
 
 What happens here, in order:
 1. the model is resolved (a .pt2 file is loaded; an ExportedProgram is turned back into a module
-   only when its dtype has to change);
+   only when its dtype has to change, after the pipeline's source passes have run on its graph);
 2. `dtype` is applied: floating parameters and buffers are converted (the user's module is never
    modified), and floating f32 inputs are cast inside the exported graph, so callers keep passing f32;
-3. `torch.export` runs with the user's dynamic dimensions;
-4. the decomposition table is applied: torch-mlir's table, minus scaled_dot_product_attention on
-   targets that keep attention whole (GPUs: IREE forms its fused attention op from it). On llvm-cpu
-   SDPA is decomposed here by PyTorch's own decomposition (matmul, float mask, softmax, matmul):
-   IREE 3.13's fused CPU attention runs ~9x slower (research/cpu-flags.md §2), and PyTorch's
-   decomposition keeps the exact masking semantics (a hand-written bool-mask version silently
-   dropped causality in the research runs).
+3. `torch.export` runs with the user's dynamic dimensions.
+Nothing here rewrites the graph: decompositions and every other rewrite are passes
+(compiler/pipeline.py), run by compiler/lower.py.
 """
 
 from __future__ import annotations
@@ -25,9 +21,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from llmc import dtypes
 from llmc.errors import ExportError, UsageError
 
-TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 class CastInputs(nn.Module):
@@ -130,57 +126,9 @@ def is_dynamic(ep: torch.export.ExportedProgram) -> bool:
     return False
 
 
-def retarget_graph(gm):
-    """Prepare an f32-exported graph (ExportedProgram.module()) for conversion to another dtype.
-
-    torch.export bakes dtypes into the graph: `x.float()` and `x.to(x.dtype)` on an f32 tensor both
-    become `aten.to.dtype(x, float32)`, with an `_assert_tensor_metadata` pinning x to f32. After the
-    weights become bf16, the asserts fail ("Tensor dtype mismatch! Expected: torch.float32") and the
-    casts would hand f32 activations to bf16 matmuls. The graph can't tell an upcast for precision
-    from a cast back to the input dtype, so every cast that was a no-op in the original graph is
-    removed and the asserts with it: the graph then computes in the new dtype throughout (norms
-    included, where the source model may have upcast to f32). For exact source semantics, pass the
-    nn.Module to llmc.compile (it converts before exporting).
-    """
-    changed = False
-    for n in list(gm.graph.nodes):
-        if n.op != "call_function":
-            continue
-        if n.target is torch.ops.aten._assert_tensor_metadata.default:
-            gm.graph.erase_node(n)
-            changed = True
-        elif n.target in (torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default):
-            want = n.args[1] if n.target is torch.ops.aten.to.dtype and len(n.args) > 1 else n.kwargs.get("dtype")
-            src = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
-            if isinstance(src, torch.Tensor) and src.dtype == want and want == torch.float32:
-                n.replace_all_uses_with(n.args[0])
-                gm.graph.erase_node(n)
-                changed = True
-    if changed:
-        gm.recompile()
-    return gm
-
-
-def _slice_copy(x, dim=0, start=None, end=None, step=1):
-    return torch.ops.aten.slice.Tensor(x, dim, start, end, step)
-
-
-def decomposition_table(attention: str) -> dict:
-    """torch-mlir's decomposition table; SDPA is kept whole unless `attention == "decompose"`."""
-    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
-
-    table = get_decomposition_table()
-    # torch-mlir has no lowering for aten.slice_copy; it is a slice in value semantics. (llmc's Llama
-    # decode uses slice_copy to stop torch.export from guarding on a full-length dynamic slice.)
-    table[torch.ops.aten.slice_copy.Tensor] = _slice_copy
-    if attention != "decompose":
-        table = {k: v for k, v in table.items() if "scaled_dot_product" not in str(k)}
-    return table
-
-
 @dataclasses.dataclass
 class Exported:
-    """The decomposed program, plus the FQN prefix llmc's own wrapper added (stripped from names)."""
+    """An exported program, plus the FQN prefix llmc's own wrapper added (stripped from parameter names)."""
 
     program: torch.export.ExportedProgram
     strip_prefix: str = ""
@@ -196,9 +144,13 @@ def export_model(
     *,
     dtype: str = "f32",
     dynamic_shapes=None,
-    attention: str = "decompose",
+    source_passes=None,
 ) -> Exported:
-    """Export `model` in `dtype` and apply the decomposition table for the target's attention mode."""
+    """Export `model` in `dtype`.
+
+    source_passes: called with the graph module of an f32 ExportedProgram before it is re-exported in
+    another dtype (compiler/pipeline.run_source): the rewrites that need the original dtypes.
+    """
     example_kwargs = example_kwargs or {}
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
@@ -211,14 +163,14 @@ def export_model(
             )
         model = load_pt2(path)
 
-    target_dtype = TORCH_DTYPES.get(dtype)
+    target_dtype = dtypes.compute_torch_dtype(dtype)
     if target_dtype is None:
         raise UsageError(f"--dtype={dtype}: not supported by the export step (f32, f16, bf16)")
 
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
         if target_dtype == torch.float32:
-            return Exported(decompose(ep, attention))
+            return Exported(ep)
         # Changing dtype means re-exporting: the ExportedProgram's graph has its dtypes baked in.
         if example_args or example_kwargs:
             args, kwargs = tuple(example_args), dict(example_kwargs)
@@ -228,7 +180,9 @@ def export_model(
             dynamic_shapes = _dynamic_shapes_of(ep)
             if kwargs:
                 dynamic_shapes = None  # positional spec does not fit kwargs; export static
-        model = retarget_graph(ep.module())
+        model = ep.module()
+        if source_passes is not None:
+            source_passes(model)
     elif isinstance(model, nn.Module):
         args, kwargs = tuple(example_args), dict(example_kwargs)
     else:
@@ -249,11 +203,4 @@ def export_model(
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ExportError(f"torch.export failed: {type(e).__name__}: {msg}") from e
-    return Exported(decompose(ep, attention), strip_prefix)
-
-
-def decompose(ep: torch.export.ExportedProgram, attention: str) -> torch.export.ExportedProgram:
-    try:
-        return ep.run_decompositions(decomposition_table(attention))
-    except Exception as e:
-        raise ExportError(f"decomposing the exported graph failed: {type(e).__name__}: {e}") from e
+    return Exported(ep, strip_prefix)

@@ -45,14 +45,16 @@ def compile_mlir(
     output = Path(output)
     from llmc.compiler.artifacts import temp_path
 
-    tmp_out = str(temp_path(output))
+    tmp_out = str(temp_path(output).resolve())  # absolute: iree-compile runs in its scratch folder
     work = Path(tempfile.mkdtemp(prefix="llmc-compile-"))
     src = work / "input.mlir"
     src.write_text(mlir_text)
-    cmd = [iree_compile_path(), str(src), "--iree-input-type=torch", *flags, "-o", tmp_out]
+    # Run in the scratch folder on a relative input name: iree-compile records the input's path in the
+    # module's debug info, and a random temp path would make two compiles of one input differ.
+    cmd = [iree_compile_path(), src.name, "--iree-input-type=torch", *flags, "-o", tmp_out]
     start = time.perf_counter()
     with open(work / "stderr.txt", "w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=work)
         # Peak RSS of iree-compile itself: its VmHWM, polled. (wait4's ru_maxrss is no good here: on
         # Linux it starts from the Python parent's size at fork, ~1 GB with a 125M model loaded.)
         peak_kb = 0

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from llmc.compiler import api, artifacts, export, targets
+from llmc import dtypes
+from llmc.compiler import artifacts, export, lower
 from llmc.compiler.progress import Phases
 from llmc.errors import ExportError, UsageError
 from llmc.models.llama.config import LlamaConfig
@@ -33,6 +34,22 @@ def is_llama_checkpoint(path) -> bool:
     from llmc.models.llama import loaders
 
     return loaders.detect_format(Path(path)) is not None
+
+
+def is_llm_source(model, example_args=(), example_kwargs=None) -> bool:
+    """A Llama checkpoint path, or an llmc Llama given without example inputs: the prefill + decode route."""
+    if isinstance(model, (str, os.PathLike)):
+        p = Path(model)
+        return p.suffix != ".pt2" and p.exists() and is_llama_checkpoint(p)
+    return isinstance(model, Llama) and not example_args and not example_kwargs
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The files a compile of this checkpoint reads (and so must never write): the path itself and
+    every file in its folder (config, weights, tokenizer, params.json)."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    return [path, *(f for f in folder.iterdir() if f.is_file())] if folder.is_dir() else [path]
 
 
 def load_llama(path) -> Llama:
@@ -49,7 +66,7 @@ def load_llama(path) -> Llama:
 def default_name(path: Path) -> str:
     """Output stem for a checkpoint: its folder's name for a folder or consolidated.NN.pth, else the file stem."""
     path = Path(path).resolve()
-    if path.is_dir() or path.name.startswith("consolidated."):
+    if path.is_dir() or path.name.startswith("consolidated.") or path.name in ("params.json", "config.json"):
         path = path if path.is_dir() else path.parent
         return path.name or "llama"
     return path.name.split(".")[0] or "llama"
@@ -59,11 +76,11 @@ def _default_len(config: LlamaConfig) -> int:
     return min(config.max_seq_len, DEFAULT_MAX_SEQ_LEN)
 
 
-def export_llm(llama: Llama, dtype: str, max_seq_len: int, attention: str):
-    """Export prefill and decode over one converted copy of the model; returns [(Exported, name)]."""
+def export_llm(llama: Llama, dtype: str, max_seq_len: int) -> list[lower.Entry]:
+    """Export prefill and decode over one converted copy of the model, as the module's entry points."""
     from torch.export import Dim
 
-    tdt = export.TORCH_DTYPES[dtype]
+    tdt = dtypes.compute_torch_dtype(dtype)
     # A copy (sharing weight storage when the dtype already matches): the caller's module is untouched.
     llama = export.convert_module(llama, tdt).eval()
     llama.set_rope_positions(max_seq_len)  # f32 tables sized to the cache; they become parameters
@@ -74,7 +91,8 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, attention: str):
 
     seq = Dim("seq", min=2, max=max_seq_len)
     kv_len = Dim("kv_len", min=1, max=max_seq_len)
-    programs = []
+    tied = {"prefill": {1 + i: 1 + i for i in range(n_cache)}, "decode": {1 + i: 2 + i for i in range(n_cache)}}
+    entries = []
     with torch.no_grad():
         for name, wrapper, args, dyn in (
             (
@@ -95,34 +113,22 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, attention: str):
             except Exception as e:
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 raise ExportError(f"torch.export of {name} failed: {type(e).__name__}: {msg}") from e
-            programs.append((export.Exported(export.decompose(ep, attention), strip_prefix="llama."), name))
-    return programs
+            entries.append(lower.Entry(export.Exported(ep, strip_prefix="llama."), name, tied=tied[name], logits_output=0))
+    return entries
 
 
-def compile_llm(
-    model,
-    *,
-    target: str = "cpu",
-    dtype: str = "f32",
-    arch: str | None = None,
-    output=None,
-    max_seq_len: int | None = None,
-    dump_ir=None,
-    repro_dir=None,
-    extra_iree_flags: tuple[str, ...] = (),
-    quiet: bool = True,
-):
+def compile_llm(model, opts: lower.CompileOptions):
     """Compile a Llama checkpoint (Meta .pth + params.json, or an HF folder) or an llmc `Llama`."""
-    probe = targets.resolve(target, arch, dtype)
-    if output is None and isinstance(model, (str, os.PathLike)):
-        output = Path.cwd() / f"{default_name(Path(model))}.vmfb"
-    out_vmfb, _ = api._output_paths(output, model)
+    target = opts.resolve()
+    inputs, stem = [], "llama"
+    if isinstance(model, (str, os.PathLike)):
+        inputs, stem = checkpoint_files(Path(model)), default_name(Path(model))
+    out_vmfb = lower.output_path(opts.output, stem, inputs)
+    max_seq_len = opts.max_seq_len
     if max_seq_len is not None and max_seq_len < 3:
         raise UsageError(f"--max-seq-len={max_seq_len}: must be at least 3 (prefill takes 2 tokens or more)")
-    phases = Phases(quiet=quiet)
+    phases = Phases(quiet=opts.quiet)
     if isinstance(model, (str, os.PathLike)):
-        if not Path(model).exists():
-            raise UsageError(f"{model}: no such file or directory")
         source = {"kind": "llama-checkpoint", "path": str(Path(model).resolve())}
         with phases.phase("load checkpoint"):
             llama = load_llama(model)
@@ -140,20 +146,18 @@ def compile_llm(
         )
 
     with phases.phase("export"):
-        programs = export_llm(llama, dtype, max_seq_len, probe.caps.attention)
-    resolved = api.with_extra_flags(targets.resolve(target, arch, dtype, dynamic=True), extra_iree_flags)
-    entries = []
-    for exported, name in programs:
-        sig = artifacts.entry_signature(exported.program, name)
-        sig["outputs"]["children"][0]["role"] = "logits"
-        entries.append((exported, name, sig))
+        entries = export_llm(llama, opts.dtype, max_seq_len)
+    lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases)
+    return lower.write_artifact(
+        lowered, out_vmfb, source=source, phases=phases, repro_dir=opts.repro_dir,
+        extra_manifest={"llm": llm_manifest(config, opts.dtype, max_seq_len), "default_entry": "prefill"},
+    )
+
+
+def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int) -> dict:
+    """The manifest's `llm` section: what generate() and `llmc run` need besides the entry points."""
     n_cache = 2 * config.n_layers
-    tied = {
-        "prefill": {1 + i: 1 + i for i in range(n_cache)},
-        "decode": {1 + i: 2 + i for i in range(n_cache)},
-    }
-    cache_dtype = str(export.TORCH_DTYPES[dtype]).removeprefix("torch.")
-    llm = {
+    return {
         "family": "llama",
         "config": config.as_dict(),
         "max_seq_len": max_seq_len,
@@ -161,20 +165,9 @@ def compile_llm(
             "layout": "per-layer K and V: [k0, v0, k1, v1, ...]",
             "count": n_cache,
             "shape": [1, config.n_kv_heads, max_seq_len, config.head_dim],
-            "dtype": cache_dtype,
+            "dtype": dtypes.COMPUTE_DTYPES[dtype],
             "tied": True,
         },
         "prefill": {"function": "prefill", "min_tokens": 2, "cache_args_start": 1},
         "decode": {"function": "decode", "cache_args_start": 2},
     }
-    return api.build_artifact(
-        entries,
-        resolved=resolved,
-        source=source,
-        out_vmfb=out_vmfb,
-        phases=phases,
-        dump_ir=dump_ir,
-        repro_dir=repro_dir,
-        tied_results=tied,
-        extra_manifest={"llm": llm, "default_entry": "prefill"},
-    )

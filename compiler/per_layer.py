@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
 import re
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from llmc.compiler import artifacts, diff, export, importer, iree, pipeline
+from llmc.compiler import diff_eager, diff_metrics, export, lower, pipeline
 from llmc.compiler.progress import Phases
 from llmc.errors import UsageError
 
@@ -51,7 +50,7 @@ class Probe:
 @dataclasses.dataclass
 class ModuleDiff:
     probe: Probe
-    diff: diff.OutputDiff
+    diff: diff_metrics.OutputDiff
 
     def as_dict(self) -> dict:
         p, d = self.probe, self.diff
@@ -233,28 +232,23 @@ def _check_params(store, irpa: Path | None, artifact: Path) -> None:
             )
 
 
-def compile_instrumented(inst: torch.export.ExportedProgram, artifact_module, out_vmfb: Path, *, repro_dir: Path) -> dict:
-    """Compile `inst` as the artifact was compiled (dtype, attention, passes, IREE flags from its manifest).
+def compile_instrumented(inst: torch.export.ExportedProgram, artifact_module, out_vmfb: Path, *, repro_dir: Path) -> None:
+    """Compile `inst` as the artifact was compiled (target, arch, dtype, passes, IREE flags from its
+    manifest), through compiler/lower.py like every compile.
 
-    The weights are not written: the module will run with the artifact's .irpa, which must hold
-    every parameter the model has, with the same size (checked before iree-compile runs).
-    Returns the entry signature.
+    The weights are not written: the module runs with the artifact's .irpa (linked beside it), which
+    must hold every parameter the model has, with the same size (checked before iree-compile runs).
     """
     manifest = artifact_module.manifest
-    target = manifest["target"]
-    dtype = manifest["dtype"]
-    exported = export.export_model(inst, dtype=dtype, attention=target.get("attention", "decompose"))
-    signature = artifacts.entry_signature(exported.program, "main")
-    module, store, _ = importer.import_exported(exported, func_name="main")
-    _check_params(store, artifact_module.params, artifact_module.vmfb)
-    del store
-    passes, _ = pipeline.build(target["backend"], dtype)
-    pipeline.run_passes(module, passes)
-    mlir_text = str(module)
-    del module
-    flags = [f for f in manifest["iree_flags"] if f != "--iree-input-type=torch"]
-    iree.compile_mlir(mlir_text, out_vmfb, flags, repro_dir=repro_dir, target_name=target["name"])
-    return signature
+    target = lower.target_of(manifest)
+    plan = pipeline.build(target)
+    exported = export.export_model(inst, dtype=target.dtype, source_passes=lambda gm: pipeline.run_source(plan, gm))
+    lowered = lower.lower_module([lower.Entry(exported, "main")], target, plan=plan)
+    _check_params(lowered.store, artifact_module.params, artifact_module.vmfb)
+    lower.write_artifact(
+        lowered, out_vmfb, source=manifest["source"], phases=Phases(quiet=True), repro_dir=repro_dir,
+        params_from=artifact_module.params,
+    )
 
 
 def localise(
@@ -282,21 +276,16 @@ def localise(
     start = time.perf_counter()
     vmfb = workdir / "instrumented.vmfb"
     with Phases(quiet=quiet).phase("per-layer: compile the instrumented module"):
-        signature = compile_instrumented(inst, artifact_module, vmfb, repro_dir=repro_dir)
+        compile_instrumented(inst, artifact_module, vmfb, repro_dir=repro_dir)
     seconds = time.perf_counter() - start
     irpa = artifact_module.params
-    if irpa is not None:
-        os.symlink(Path(irpa).resolve(), workdir / "instrumented.irpa")
-    (workdir / "instrumented.json").write_text(
-        json.dumps({**manifest, "entry_points": {"main": signature}, "default_entry": "main"}, indent=2)
-    )
-    got = diff.tensor_leaves(load(vmfb)(*args, **kwargs))[-len(unique):]
-    ref = diff.tensor_leaves(diff.run_eager(diff.eager_reference(inst, manifest["dtype"]), args, kwargs))[-len(unique):]
+    got = diff_metrics.tensor_leaves(load(vmfb)(*args, **kwargs))[-len(unique):]
+    ref = diff_metrics.tensor_leaves(diff_eager.run_eager(diff_eager.eager_reference(inst, manifest["dtype"]), args, kwargs))[-len(unique):]
     values = {name: (g, r) for name, g, r in zip(unique, got, ref)}
 
     modules = []
     for p in probes:
         g, r = values[p.node]
-        modules.append(ModuleDiff(p, diff.compare(p.module, g, r, tol)))
+        modules.append(ModuleDiff(p, diff_metrics.compare(p.module, g, r, tol)))
     first = next((m for m in modules if not m.diff.passed), None)
     return PerLayerResult(depth, modules, first, seconds, str(irpa) if irpa else None)

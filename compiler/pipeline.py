@@ -1,49 +1,174 @@
-"""The ordered pass list per target and dtype, and the runner that applies it.
+"""Which passes run, in which order, for a target and dtype; and the runners that apply them.
 
-Phases (in order; each pass is one file in passes/):
-  0. import (compiler/importer.py): weights -> external parameters (a hook, since it needs the data)
-  1. dtype safety passes (fp8 / bf16 / f16): none yet
-  2. layout passes: attention is decomposed before import on llvm-cpu (compiler/export.py)
+The lists below are the whole pipeline, readable in one place. A pass runs when it is listed here and
+its `requires` holds for the resolved target (typed capabilities) and dtype; otherwise it is skipped
+with the reason logged and recorded in the manifest. Adding a pass: one file in passes/, one line
+here, one test in tests/passes/.
 
-Capability gating happens here, in one place: a pass whose `requires` the target does not meet is
-skipped and the reason is logged and recorded in the manifest.
+Phases, in order (compiler/lower.py drives them):
+  0. source  - on a user's f32 ExportedProgram before llmc re-exports it in another dtype
+  1. graph   - on the exported program: the decomposition to the op set torch-mlir lowers (its own
+               table, with SDPA kept whole) merged with every DecompositionPass into ONE retrace,
+               then any other graph passes in list order
+  2. import  - torch-mlir's FX importer; weights become external parameters (compiler/importer.py)
+  3. ir      - on the torch-dialect MLIR module
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
-from llmc.passes._base import REGISTRY, PassStats
+import torch
+
+import llmc.passes  # noqa: F401  (registers every pass)
+from llmc.errors import PassError
+from llmc.passes._base import REGISTRY, DecompositionPass, PassContext
+from llmc.passes._base import PassError as _PassRefusal
 
 log = logging.getLogger("llmc.pipeline")
 
-# The ordered list of pass names, per phase. Empty for now: the cpu path of f32/f16/bf16 needs no
-# rewrite beyond the importer hook and the export-time decomposition.
-PIPELINE: list[str] = []
+SOURCE_PASSES: list[str] = [
+    "retarget-casts",  # f16/bf16 from an f32 .pt2: drop f32 -> f32 casts and dtype asserts
+]
+GRAPH_PASSES: list[str] = [
+    "slice-copy",  # torch-mlir has no aten.slice_copy lowering
+    "cpu-attention",  # llvm-cpu: SDPA written out (decode steps as f32 multiply + sum); GPUs keep it whole
+]
+IR_PASSES: list[str] = [
+    "log10-to-log",  # llvm-cpu links no log10f: log(x) / ln(10)
+]
 
 
-def build(backend: str, dtype: str) -> tuple[list, list[dict]]:
-    """Returns (pass instances to run, skipped [{name, reason}])."""
-    run, skipped = [], []
-    for name in PIPELINE:
+def base_decompositions() -> dict:
+    """torch-mlir's decomposition table with scaled-dot-product attention kept whole.
+
+    GPU targets hand SDPA to IREE, which forms its fused attention op from it; the cpu-attention
+    pass decomposes it where the target wants that."""
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
+    return {k: v for k, v in get_decomposition_table().items() if "scaled_dot_product" not in str(k)}
+
+
+@dataclasses.dataclass
+class Plan:
+    """The pass instances for one compile (one instance per pass, shared by every entry point)."""
+
+    ctx: PassContext
+    source: list
+    graph: list
+    ir: list
+    skipped: list[dict]
+
+    @property
+    def passes(self) -> list:
+        return [*self.source, *self.graph, *self.ir]
+
+    def stats(self) -> list[dict]:
+        return [p.stats.as_dict() for p in self.passes]
+
+
+def build(target, options: dict | None = None, only: list[str] | None = None) -> Plan:
+    """The plan for a resolved target (compiler.targets.ResolvedTarget).
+
+    only: run exactly these passes (in pipeline order when listed there), ignoring gating; llmc-opt's
+    `--pass` uses it.
+    """
+    ctx = PassContext(target=target, dtype=target.dtype, options=dict(options or {}))
+    phases = {"source": [], "graph": [], "ir": []}
+    skipped = []
+    names = [*SOURCE_PASSES, *GRAPH_PASSES, *IR_PASSES]
+    if only is not None:
+        unknown = [n for n in only if n not in REGISTRY]
+        if unknown:
+            raise PassError(f"unknown pass {unknown[0]!r}; known passes: {', '.join(sorted(REGISTRY))}")
+        names = [n for n in names if n in only] + [n for n in only if n not in names]
+    for name in names:
         cls = REGISTRY[name]
-        reason = cls.requires.why_not(backend, dtype)
+        reason = None if only is not None else cls.requires.why_not(ctx)
         if reason:
             log.info("pass %s skipped: %s", name, reason)
             skipped.append({"name": name, "reason": reason})
-        else:
-            run.append(cls())
-    return run, skipped
+            continue
+        phases[cls.kind].append(cls(ctx))
+    return Plan(ctx, phases["source"], phases["graph"], phases["ir"], skipped)
 
 
-def run_passes(module, passes: list, dump_dir: Path | None = None) -> list[PassStats]:
-    stats = []
-    if dump_dir is not None:
-        dump_dir.mkdir(parents=True, exist_ok=True)
-        (dump_dir / "00-import.mlir").write_text(str(module))
-    for i, p in enumerate(passes, start=1):
-        stats.append(p.run(module))
-        if dump_dir is not None:
-            (dump_dir / f"{i:02d}-{p.name}.mlir").write_text(str(module))
-    return stats
+class Dumper:
+    """--dump-ir DIR: the program after every step, as NN-<entry>-<step>.txt (FX) / NN-<step>.mlir."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = Path(folder) if folder is not None else None
+        self.n = 0
+        if self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, step: str, text_fn, suffix: str = ".mlir") -> None:
+        if self.folder is None:
+            return
+        (self.folder / f"{self.n:02d}-{step}{suffix}").write_text(text_fn())
+        self.n += 1
+
+
+def _refusal(p, e: Exception) -> PassError:
+    return PassError(f"pass {p.name}: {e}")
+
+
+def run_source(plan: Plan, gm, dump: Dumper | None = None) -> None:
+    """Source passes, in place on a GraphModule (ExportedProgram.module())."""
+    for p in plan.source:
+        try:
+            p.run(gm)
+        except _PassRefusal as e:
+            raise _refusal(p, e) from e
+        if dump is not None:
+            dump(f"source-{p.name}", lambda: str(gm.graph), ".txt")
+
+
+def run_graph(plan: Plan, program: torch.export.ExportedProgram, entry: str = "main", dump: Dumper | None = None):
+    """Graph passes on an exported program; returns the program to import."""
+    if dump is not None:
+        dump(f"{entry}-export", lambda: str(program.graph), ".txt")
+    plan.ctx.entry = entry
+    table = base_decompositions()
+    merged = [p for p in plan.graph if isinstance(p, DecompositionPass)]
+    owner: dict = {}
+    for p in merged:
+        for op, fn in p.decompositions().items():
+            if op in owner:
+                raise PassError(f"passes {owner[op]} and {p.name} both decompose {op}; order them as separate graph passes")
+            owner[op] = p.name
+            table[op] = fn
+    try:
+        program = program.run_decompositions(table)
+    except _PassRefusal as e:
+        raise PassError(f"graph passes ({', '.join(owner.values())}): {e}") from e
+    except Exception as e:
+        raise PassError(f"decomposing the exported graph failed: {type(e).__name__}: {e}") from e
+    if dump is not None:
+        dump(f"{entry}-decompose[{','.join(p.name for p in merged)}]", lambda: str(program.graph), ".txt")
+    for p in plan.graph:
+        if p in merged:
+            continue
+        try:
+            program = p.run(program)
+        except _PassRefusal as e:
+            raise _refusal(p, e) from e
+        if dump is not None:
+            dump(f"{entry}-{p.name}", lambda: str(program.graph), ".txt")
+    return program
+
+
+def run_ir(plan: Plan, module, dump: Dumper | None = None) -> None:
+    """IR passes, in place on the torch-dialect module."""
+    if dump is not None:
+        dump("import", lambda: str(module))
+    for p in plan.ir:
+        try:
+            with module.context:
+                p.run(module)
+        except _PassRefusal as e:
+            raise _refusal(p, e) from e
+        if dump is not None:
+            dump(p.name, lambda: str(module))

@@ -1,14 +1,19 @@
-"""`llmc diff` reports: the JSON report (format "llmc-diff-report/1", schema below) and JUnit XML.
+"""`llmc diff` reports: the JSON report (format "llmc-diff-report/1", schema below) and JUnit XML,
+and DiffOutcome, what one diff run hands the CLI (the report and the lines to print).
 
-Both are written atomically (a temp file beside the target, then a rename), so a CI job never reads
-a half-written report. The JSON schema is the contract for tools that read reports; tests validate
-real reports against it with the `jsonschema` package.
+The JUnit writer also makes the files of the CI stage's cells that llmc diff did not run on
+(`python -m llmc.compiler.report ci-junit ...`, called by tools/ci/llmc-ci.sh), so every JUnit file
+llmc leaves has one shape. Reports are written atomically (a temp file beside the target, then a
+rename), so a CI job never reads a half-written report. The JSON schema is the contract for tools
+that read reports; tests validate real reports against it with the `jsonschema` package.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -21,7 +26,7 @@ _MEASURE = "null when not finite (shape mismatch, non-finite values that differ)
 
 _TOLERANCE_SCHEMA = {
     "type": "object",
-    "description": "The limits applied: the dtype's profile from llmc.compiler.diff.TOLERANCES with --tolerance overrides.",
+    "description": "The limits applied: the dtype's profile from llmc.compiler.diff_metrics.TOLERANCES with --tolerance overrides.",
     "properties": {
         "max_rel": {"type": "number", "description": "max |compiled - eager| / max |eager| must not exceed this"},
         "min_cosine": {"type": "number", "description": "cosine similarity of the flattened outputs must be at least this"},
@@ -143,7 +148,7 @@ REPORT_SCHEMA = {
         "target": {"type": "string", "description": "the artifact's llmc target (cpu, vulkan, ...)"},
         "arch": {"type": ["string", "null"], "description": "the artifact's arch as named at compile time"},
         "dtype": {"type": "string", "description": "the artifact's weight and compute dtype; eager runs in it too"},
-        "profile": {"type": "string", "description": "the tolerance profile used (a key of llmc.compiler.diff.TOLERANCES)"},
+        "profile": {"type": "string", "description": "the tolerance profile used (a key of llmc.compiler.diff_metrics.TOLERANCES)"},
         "tolerance": _TOLERANCE_SCHEMA,
         "tolerance_overrides": {
             "type": "object",
@@ -201,7 +206,7 @@ def _finite(x):
 
 
 def entry_record(name: str, outputs: list, worst, seconds: float, per_layer=None) -> dict:
-    """The report record of one entry point: `outputs` are diff.OutputDiff, `per_layer` a PerLayerResult."""
+    """The report record of one entry point: `outputs` are diff_metrics.OutputDiff, `per_layer` a PerLayerResult."""
     pl = None
     if per_layer is not None:
         pl = {
@@ -221,6 +226,15 @@ def entry_record(name: str, outputs: list, worst, seconds: float, per_layer=None
             "per_layer": pl,
         }
     )
+
+
+@dataclasses.dataclass
+class DiffOutcome:
+    """What one `llmc diff` run (compiler/diff.py, compiler/diff_llm.py) hands the CLI."""
+
+    passed: bool
+    report: dict  # format llmc-diff-report/1 (build_report)
+    lines: list[str]  # what the CLI prints, the verdict last
 
 
 def build_report(*, summary: str, model: str, artifact: str, compiled_by_diff: bool, manifest: dict, profile: str,
@@ -265,45 +279,133 @@ def _fmt(x) -> str:
     return "inf" if x is None else f"{x:.4g}"
 
 
-def junit_xml(report: dict) -> str:
-    """JUnit XML: one testsuite per entry point, one testcase per output; failures carry the reason."""
-    entries = report["entry_points"]
-    n_tests = sum(len(e["outputs"]) for e in entries)
-    n_fail = sum(not o["passed"] for e in entries for o in e["outputs"])
-    total = sum(e["seconds"] for e in entries)
-    root = ET.Element("testsuites", name="llmc diff", tests=str(n_tests), failures=str(n_fail), errors="0", time=f"{total:.3f}")
-    for e in entries:
-        fails = sum(not o["passed"] for o in e["outputs"])
-        suite = ET.SubElement(
-            root, "testsuite", name=e["name"], tests=str(len(e["outputs"])), failures=str(fails),
-            errors="0", skipped="0", time=f"{e['seconds']:.3f}",
-        )
+# ---------------------------------------------------------------------------------------------
+# JUnit XML: one writer for `llmc diff --junit` and the CI stage's cells that diff did not run on
+# (tools/ci/llmc-ci.sh), so CI systems read one shape of file.
+
+
+@dataclasses.dataclass
+class JUnitCase:
+    classname: str
+    name: str
+    failure: str | None = None  # the failure's message; None: not failed
+    failure_type: str | None = None
+    detail: str | None = None  # the failure's text
+    skipped: str | None = None  # why it was skipped; None: not skipped
+    out: str | None = None  # system-out
+
+
+@dataclasses.dataclass
+class JUnitSuite:
+    name: str
+    cases: list[JUnitCase]
+    properties: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    seconds: float | None = None  # None: not timed (no time attribute)
+
+
+def junit_document(name: str, suites: list[JUnitSuite], seconds: float | None = None) -> str:
+    """The JUnit XML text: a testsuites element holding `suites`, with the counts filled in."""
+    cases = [c for s in suites for c in s.cases]
+    totals = {
+        "tests": str(len(cases)),
+        "failures": str(sum(c.failure is not None for c in cases)),
+        "errors": "0",
+    }
+    n_skipped = sum(c.skipped is not None for c in cases)
+    if n_skipped:  # diff reports never skip, and their root has never carried the attribute
+        totals["skipped"] = str(n_skipped)
+    if seconds is not None:
+        totals["time"] = f"{seconds:.3f}"
+    root = ET.Element("testsuites", name=name, **totals)
+    for s in suites:
+        counts = {
+            "tests": str(len(s.cases)),
+            "failures": str(sum(c.failure is not None for c in s.cases)),
+            "errors": "0",
+            "skipped": str(sum(c.skipped is not None for c in s.cases)),
+        }
+        if s.seconds is not None:
+            counts["time"] = f"{s.seconds:.3f}"
+        suite = ET.SubElement(root, "testsuite", name=s.name, **counts)
         props = ET.SubElement(suite, "properties")
-        pl = e.get("per_layer")
-        first = pl["first_divergence"] if pl else None
-        for key, value in (
-            ("model", report["model"]), ("artifact", report["artifact"]), ("target", report["target"]),
-            ("dtype", report["dtype"]), ("profile", report["profile"]),
-            ("tolerance", ",".join(f"{k}={v:g}" for k, v in report["tolerance"].items())),
-            *((("first_divergence", f"{first['module']} at {first['source']}" if first else "none"),) if pl else ()),
-        ):
+        for key, value in s.properties:
             ET.SubElement(props, "property", name=key, value=str(value))
-        for o in e["outputs"]:
-            case = ET.SubElement(suite, "testcase", classname=f"llmc.diff.{e['name']}", name=o["name"], time="0")
-            text = f"shape {o['shape']} {o['dtype']}: max_abs {_fmt(o['max_abs'])}, max_rel {_fmt(o['max_rel'])}, cosine {o['cosine']:.7f}"
-            if o["logits"]:
-                lg = o["logits"]
-                text += f"; top-1 {lg['top1']:.4f}, top-{lg['k']} {lg['topk']:.4f}, KL {_fmt(lg['kl'])}"
-            if not o["passed"]:
-                detail = text
-                if first is not None:
-                    detail += f"\nfirst divergent module: {first['module']} ({first['reason']}) at {first['source']}"
-                failure = ET.SubElement(case, "failure", message=o["reason"], type="ToleranceExceeded")
-                failure.text = detail
-            ET.SubElement(case, "system-out").text = text
+        for c in s.cases:
+            case = ET.SubElement(suite, "testcase", classname=c.classname, name=c.name, time="0")
+            if c.failure is not None:
+                failure = ET.SubElement(case, "failure", message=c.failure)
+                if c.failure_type:
+                    failure.set("type", c.failure_type)
+                failure.text = c.detail
+            if c.skipped is not None:
+                ET.SubElement(case, "skipped", message=c.skipped)
+            if c.out is not None:
+                ET.SubElement(case, "system-out").text = c.out
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+def junit_xml(report: dict) -> str:
+    """JUnit XML: one testsuite per entry point, one testcase per output; failures carry the reason."""
+    suites = []
+    for e in report["entry_points"]:
+        pl = e.get("per_layer")
+        first = pl["first_divergence"] if pl else None
+        properties = [
+            ("model", report["model"]), ("artifact", report["artifact"]), ("target", report["target"]),
+            ("dtype", report["dtype"]), ("profile", report["profile"]),
+            ("tolerance", ",".join(f"{k}={v:g}" for k, v in report["tolerance"].items())),
+            *((("first_divergence", f"{first['module']} at {first['source']}" if first else "none"),) if pl else ()),
+        ]
+        cases = []
+        for o in e["outputs"]:
+            text = f"shape {o['shape']} {o['dtype']}: max_abs {_fmt(o['max_abs'])}, max_rel {_fmt(o['max_rel'])}, cosine {o['cosine']:.7f}"
+            if o["logits"]:
+                lg = o["logits"]
+                text += f"; top-1 {lg['top1']:.4f}, top-{lg['k']} {lg['topk']:.4f}, KL {_fmt(lg['kl'])}"
+            case = JUnitCase(f"llmc.diff.{e['name']}", o["name"], out=text)
+            if not o["passed"]:
+                detail = text
+                if first is not None:
+                    detail += f"\nfirst divergent module: {first['module']} ({first['reason']}) at {first['source']}"
+                case.failure, case.failure_type, case.detail = o["reason"], "ToleranceExceeded", detail
+            cases.append(case)
+        suites.append(JUnitSuite(e["name"], cases, properties, e["seconds"]))
+    return junit_document("llmc diff", suites, sum(e["seconds"] for e in report["entry_points"]))
+
+
 def write_junit(path: Path, report: dict) -> None:
     artifacts.write_text_atomic(Path(path), junit_xml(report))
+
+
+def ci_cell_junit(cell: str, target: str, dtype: str, steps) -> str:
+    """JUnit XML for a cell of tools/ci/llmc-ci.sh that llmc diff did not report on: one testcase per
+    step (compile, diff), each (step, status, message) with status "ok", "skipped" (message: why) or
+    anything else for a failure (message: the error)."""
+    cases = []
+    for step, status, message in steps:
+        case = JUnitCase(f"llmc.ci.{cell}", step)
+        if status == "skipped":
+            case.skipped = message
+        elif status != "ok":
+            case.failure = message
+        cases.append(case)
+    return junit_document("llmc ci", [JUnitSuite(cell, cases, [("target", target), ("dtype", dtype)])])
+
+
+_USAGE = "usage: python -m llmc.compiler.report ci-junit FILE CELL TARGET DTYPE [STEP STATUS MESSAGE]..."
+
+
+def main(argv: list[str]) -> int:
+    """`ci-junit`: write ci_cell_junit's file (how tools/ci/llmc-ci.sh writes its JUnit)."""
+    if len(argv) < 5 or argv[0] != "ci-junit" or (len(argv) - 5) % 3:
+        print(_USAGE, file=sys.stderr)
+        return 2
+    _, file, cell, target, dtype, *rest = argv
+    steps = [tuple(rest[i : i + 3]) for i in range(0, len(rest), 3)]
+    artifacts.write_text_atomic(Path(file), ci_cell_junit(cell, target, dtype, steps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,9 +1,21 @@
-"""Pass infrastructure: the Pass base class, PassStats, and the name -> class registry.
+"""Pass infrastructure: the pass kinds, their context, PassStats, and the name -> class registry.
 
-A pass rewrites one MLIR module in place (torch dialect, as torch-mlir's importer produced it) and
-returns PassStats: how many ops it matched, rewrote, and declined (with reasons). Passes do no file
-I/O and never call iree-compile (DESIGN.md). `compiler/pipeline.py` orders them per target and dtype;
-`llmc-opt --pass=NAME` runs one on a .mlir file for the FileCheck tests in tests/passes/.
+Three kinds of pass, one registry (`REGISTRY`, filled by `@register_pass` when `llmc.passes` is
+imported, which imports every pass file in this folder):
+
+- `SourcePass` runs on the graph of a user's f32 ExportedProgram (a `torch.fx.GraphModule`) before
+  llmc re-exports it in another dtype: what only makes sense while the original dtypes are visible.
+- `GraphPass` runs on the exported program (`torch.export.ExportedProgram`) before import and returns
+  the program to continue with. It may replace parameters (quantize, re-layout, cast) by writing
+  `program.state_dict`. `DecompositionPass` is the common case: it contributes decomposition-table
+  entries; the pipeline merges consecutive ones with the base table into ONE retrace of the program.
+- `IRPass` runs on the torch-dialect MLIR module (torch-mlir's `ir.Module`) in place. Its context
+  carries the parameter store, so a pass can write new weight bytes next to its rewrite.
+
+Every pass gets a `PassContext`: the resolved target (typed capabilities: `ctx.caps`, `ctx.arch`),
+the compute dtype, the pass options and the parameters. Passes do no file I/O and never call
+iree-compile (DESIGN.md). `compiler/pipeline.py` lists which passes run for a target and dtype;
+gating on capabilities happens there, in one place, through each pass's `requires`.
 """
 
 from __future__ import annotations
@@ -18,50 +30,153 @@ REGISTRY: dict[str, type["Pass"]] = {}
 
 @dataclasses.dataclass(frozen=True)
 class Requires:
-    """Capabilities a pass needs from the target; checked once, by the pipeline builder."""
+    """What a pass needs from the target and dtype; checked once, by the pipeline builder.
 
-    backends: tuple[str, ...] = ()  # empty: any backend
-    dtypes: tuple[str, ...] = ()  # empty: any dtype
+    Every field left empty means "any". `attention` names the target's attention mode
+    ("decompose" / "fused"); `dtypes` the compute dtypes; `fp8` the arch's native fp8 flavours.
+    """
 
-    def why_not(self, backend: str, dtype: str) -> str | None:
-        if self.backends and backend not in self.backends:
-            return f"needs backend {'/'.join(self.backends)}, target uses {backend}"
+    backends: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    attention: str | None = None
+    fp8: tuple[str, ...] = ()
+
+    def why_not(self, ctx: "PassContext") -> str | None:
+        caps, dtype = ctx.caps, ctx.dtype
+        if self.backends and caps.backend not in self.backends:
+            return f"needs backend {'/'.join(self.backends)}, target {caps.name} uses {caps.backend}"
         if self.dtypes and dtype not in self.dtypes:
             return f"needs dtype {'/'.join(self.dtypes)}, compiling {dtype}"
+        if self.attention is not None and caps.attention != self.attention:
+            return f"for targets whose attention mode is {self.attention!r}; {caps.name} uses {caps.attention!r}"
+        if self.fp8 and ctx.arch.fp8 not in self.fp8:
+            return f"needs native fp8 {'/'.join(self.fp8)}, arch {ctx.target.arch} has {ctx.arch.fp8}"
         return None
+
+
+@dataclasses.dataclass
+class PassContext:
+    """What every pass sees. `target` is a compiler.targets.ResolvedTarget (typed, duck-typed here so
+    that passes import nothing of the compiler); `params` is the importer's ParamStore for IR passes
+    (None before import: graph passes write `program.state_dict` instead)."""
+
+    target: object
+    dtype: str
+    options: dict = dataclasses.field(default_factory=dict)
+    params: object | None = None
+    entry: str = ""  # the entry point (function) whose program a graph pass is running on
+
+    @property
+    def caps(self):
+        return self.target.caps
+
+    @property
+    def arch(self):
+        return self.target.arch_caps
+
+
+class PassError(Exception):
+    """A pass refuses its input: there is no correct rewrite (the `_invalid` test cases).
+
+    The compiler turns it into llmc.errors.PassError (exit 3) naming the pass; llmc-opt prints it as
+    one line."""
 
 
 @dataclasses.dataclass
 class PassStats:
     name: str
+    kind: str = ""
     matched: int = 0
     rewrote: int = 0
     declined: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    forms: dict[str, int] = dataclasses.field(default_factory=dict)  # rewrites by the form chosen
 
-    def decline(self, op_text: str, reason: str) -> None:
+    def decline(self, what: str, reason: str) -> None:
         self.matched += 1
-        self.declined.append((op_text, reason))
-        log.debug("%s: declined %s: %s", self.name, op_text, reason)
+        self.declined.append((what, reason))
+        log.debug("%s: declined %s: %s", self.name, what, reason)
 
-    def rewrite(self) -> None:
+    def rewrite(self, form: str | None = None) -> None:
         self.matched += 1
         self.rewrote += 1
+        if form is not None:
+            self.forms[form] = self.forms.get(form, 0) + 1
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "matched": self.matched, "rewrote": self.rewrote, "declined": len(self.declined)}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "matched": self.matched,
+            "rewrote": self.rewrote,
+            "declined": len(self.declined),
+            "decline_reasons": sorted({r for _, r in self.declined}),
+            "forms": dict(sorted(self.forms.items())),
+        }
 
 
 class Pass:
-    """Subclasses set `name` through @register_pass and implement run(module) -> PassStats."""
+    """Base of the three kinds. Subclasses get `name`/`requires` from @register_pass.
+
+    One instance serves one compile: when several entry points are lowered (prefill and decode), the
+    same instance runs on each, so its stats add up over the module.
+    """
 
     name: str = ""
+    kind: str = ""
     requires: Requires = Requires()
 
-    def __init__(self, **options):
-        self.options = options
-        self.stats = PassStats(self.name)
+    def __init__(self, ctx: PassContext):
+        self.ctx = ctx
+        self.stats = PassStats(self.name, self.kind)
 
-    def run(self, module) -> PassStats:  # pragma: no cover - interface
+
+class SourcePass(Pass):
+    kind = "source"
+
+    def run(self, gm) -> None:  # pragma: no cover - interface
+        raise NotImplementedError(f"pass {self.name}: run() is not implemented")
+
+
+class GraphPass(Pass):
+    kind = "graph"
+
+    def run(self, program):  # pragma: no cover - interface
+        """Returns the ExportedProgram to continue with (the same object or a new one)."""
+        raise NotImplementedError(f"pass {self.name}: run() is not implemented")
+
+
+class DecompositionPass(GraphPass):
+    """A graph pass expressed as decomposition-table entries {OpOverload: python function}.
+
+    The functions run while the program is retraced with fake tensors, so they see real shapes and
+    dtypes (`q.shape[2] == 1`) and choose a form per call. They must return the op's value: a pass
+    that leaves some calls of an op as they are is a plain GraphPass (re-calling the op from its own
+    decomposition would recurse). Each call reports itself with `self.rewrote_here(form)`, which
+    counts each source node once (run_decompositions may trace the program more than once).
+    """
+
+    def rewrote_here(self, form: str | None = None) -> None:
+        import torch.fx.traceback as fx_traceback
+
+        source = (fx_traceback.get_current_meta() or {}).get("from_node") or []
+        key = (self.ctx.entry, source[-1].name if source else None)
+        seen = self.__dict__.setdefault("_seen", set())
+        if key[1] is not None and key in seen:
+            return
+        seen.add(key)
+        self.stats.rewrite(form)
+
+    def decompositions(self) -> dict:  # pragma: no cover - interface
+        raise NotImplementedError(f"pass {self.name}: decompositions() is not implemented")
+
+    def run(self, program):
+        return program.run_decompositions(self.decompositions())
+
+
+class IRPass(Pass):
+    kind = "ir"
+
+    def run(self, module) -> None:  # pragma: no cover - interface
         raise NotImplementedError(f"pass {self.name}: run() is not implemented")
 
 
@@ -75,3 +190,25 @@ def register_pass(name: str, requires: Requires = Requires()):
         return cls
 
     return wrap
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for IR passes over torch-mlir's Python bindings.
+
+
+def walk_ops(module, names: set[str] | None = None):
+    """Every operation in `module` (nested regions included), in order; only `names` when given.
+
+    The list is collected first, so a pass may erase or replace what it visits."""
+    out = []
+
+    def visit(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for child in block.operations:
+                    if names is None or child.operation.name in names:
+                        out.append(child.operation)
+                    visit(child.operation)
+
+    visit(module.operation)
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from llmc.errors import InputError, RuntimeCallError
+from llmc import dtypes
 
 
 def sample(logits: np.ndarray, rng: np.random.Generator | None, temperature: float, top_k: int, top_p: float) -> int:
@@ -90,10 +91,8 @@ class Generator:
     def _new_cache(self, device):
         import iree.runtime as rt
 
-        from llmc.runtime.module import _np_dtype
-
         spec = self.llm["cache"]
-        zeros = np.zeros(spec["shape"], dtype=_np_dtype(spec["dtype"]))
+        zeros = np.zeros(spec["shape"], dtype=dtypes.by_name(spec["dtype"]).numpy)
         return [rt.asdevicearray(device, zeros) for _ in range(spec["count"])]
 
     def generate(

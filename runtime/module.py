@@ -19,28 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
+from llmc import dtypes
 
 PARAM_SCOPE = "model"
-
-# manifest dtype name -> numpy dtype (bf16 from ml_dtypes, since numpy has none)
-def _np_dtype(name: str):
-    import ml_dtypes
-
-    return {
-        "float32": np.float32,
-        "float16": np.float16,
-        "bfloat16": ml_dtypes.bfloat16,
-        "float64": np.float64,
-        "int64": np.int64,
-        "int32": np.int32,
-        "int16": np.int16,
-        "int8": np.int8,
-        "uint8": np.uint8,
-        "bool": np.bool_,
-        "complex64": np.complex64,
-        "complex128": np.complex128,
-    }[name]
-
 
 # LLVM feature names (as recorded in the manifest) -> /proc/cpuinfo flag names, where they differ.
 _CPUINFO_NAME = {
@@ -149,12 +130,12 @@ class EntryPoint:
         if isinstance(v, torch.Tensor):
             dtype_name = str(v.dtype).removeprefix("torch.")
             if v.dtype == torch.bfloat16:
-                arr = v.detach().cpu().contiguous().view(torch.int16).numpy().view(_np_dtype("bfloat16"))
+                arr = v.detach().cpu().contiguous().view(torch.int16).numpy().view(dtypes.by_name("bfloat16").numpy)
             else:
                 arr = v.detach().cpu().contiguous().numpy()
         elif isinstance(v, np.ndarray) or np.isscalar(v):
             arr = np.ascontiguousarray(v)
-            dtype_name = "bfloat16" if arr.dtype == _np_dtype("bfloat16") else str(arr.dtype)
+            dtype_name = "bfloat16" if arr.dtype == dtypes.by_name("bfloat16").numpy else str(arr.dtype)
         else:
             raise InputError(f"{where}: expected a torch tensor or numpy array, got {type(v).__name__}")
         if dtype_name != e["dtype"]:
@@ -268,7 +249,7 @@ class Module:
 
         def to_torch(v):
             arr = v.to_host() if hasattr(v, "to_host") else np.asarray(v)
-            if arr.dtype == _np_dtype("bfloat16"):
+            if arr.dtype == dtypes.by_name("bfloat16").numpy:
                 return torch.from_numpy(np.ascontiguousarray(arr).view(np.int16)).view(torch.bfloat16)
             return torch.from_numpy(np.array(arr))  # a copy: device memory is not ours to keep
 

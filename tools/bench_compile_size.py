@@ -146,7 +146,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import llmc
-    from llmc.compiler import diff, export
+    from llmc.compiler import diff_metrics, export
 
     tmp = None
     if args.out is None:
@@ -178,7 +178,7 @@ def main() -> int:
             return f
 
         for dtype in dtypes:
-            tdt = export.TORCH_DTYPES[dtype]
+            tdt = dtypes.compute_torch_dtype(dtype)
             weight_bytes = sum(
                 p.numel() * (tdt.itemsize if p.is_floating_point() else p.element_size()) for p in model.parameters()
             )
@@ -216,7 +216,7 @@ def main() -> int:
             got = mod(ids, **kwargs)["logits"]
             first_call_s = time.perf_counter() - t
             print(f"load + first call: {first_call_s:.2f}s")
-            r = diff.compare("logits", got, ref_f32, diff.TOLERANCES[dtype])
+            r = diff_metrics.compare("logits", got, ref_f32, diff_metrics.TOLERANCES[dtype])
             print(f"vs eager f32: max_abs {r.max_abs:.3g}, max_rel {r.max_rel:.3g}, cosine {r.cosine:.7f} "
                   f"({dtype} table: {'pass' if r.passed else 'FAIL: ' + r.reason})")
             fns = {"eager f32": eager_call(model)}
@@ -224,7 +224,7 @@ def main() -> int:
                 ref_model = export.CastInputs(export.convert_module(model, tdt), tdt)
                 with torch.no_grad():
                     ref_same = ref_model(ids, **kwargs).logits
-                r2 = diff.compare("logits", got, ref_same, diff.TOLERANCES[dtype])
+                r2 = diff_metrics.compare("logits", got, ref_same, diff_metrics.TOLERANCES[dtype])
                 print(f"vs eager {dtype}: max_abs {r2.max_abs:.3g}, max_rel {r2.max_rel:.3g}, cosine {r2.cosine:.7f} "
                       f"({dtype} table: {'pass' if r2.passed else 'FAIL: ' + r2.reason})")
                 fns[f"eager {dtype}"] = eager_call(ref_model)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llmc.compiler.llm import compile_llm
+import llmc
 from llmc.models.llama.config import LlamaConfig, get_config
 from llmc.models.llama.model import LlamaDecode, LlamaPrefill, init_random, new_cache
 
@@ -84,12 +84,11 @@ def main(argv=None) -> int:
     print(f"{config.name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params; decode steps at positions "
           f"{len(prompt)}..{len(prompt) + args.steps - 1}; {torch.get_num_threads()} torch threads", file=sys.stderr)
     rows = []
-    import llmc
 
     with tempfile.TemporaryDirectory() as tmp:
         for n in lens:
             t0 = time.perf_counter()
-            art = compile_llm(model, output=Path(tmp) / f"m{n}.vmfb", max_seq_len=n)
+            art = llmc.compile(model, output=Path(tmp) / f"m{n}.vmfb", max_seq_len=n)
             compile_s = time.perf_counter() - t0
             mod = llmc.load(art, threads=args.threads)
             t_llmc, tok_a = time_llmc(mod, prompt, args.steps, args.reps)

@@ -281,18 +281,10 @@ class LlamaDecode(nn.Module):
             # the same tensor.extract_slice, fused into the attention's consumers (no copy).
             keys = torch.ops.aten.slice_copy.Tensor(kc, 2, 0, n)
             values = torch.ops.aten.slice_copy.Tensor(vc, 2, 0, n)
-            # Grouped-query attention without expanding the cache: the G = n_heads / n_kv_heads query heads
-            # sharing a KV head are G query rows against it. Both products are written as multiply + sum
-            # (reductions in f32), not matmuls: IREE 3.13's data tiling crashes on a batch matmul whose
-            # reduction dim is the dynamic L ("'affine.delinearize_index' op no basis element may be
-            # statically non-positive"; seen with [2,2,L]x[2,L,16] and with one KV head), and a decode
-            # step's attention is a matrix-vector product that gains nothing from tiling anyway.
-            g = attn.n_heads // attn.n_kv_heads
-            qg = q.reshape(1, attn.n_kv_heads, g, 1, attn.head_dim).float()
-            scores = (qg * keys.float().unsqueeze(2)).sum(-1) * (attn.head_dim**-0.5) + bias.float()  # [1, kv, G, L]
-            p = torch.softmax(scores, dim=-1)
-            o = (p.unsqueeze(-1) * values.float().unsqueeze(2)).sum(-2).to(h.dtype)  # [1, kv, G, D]
-            h = h + attn.out(o.reshape(1, attn.n_heads, 1, attn.head_dim))
+            # Plain SDPA: GPU targets fuse it; on llvm-cpu the cpu-attention pass writes one-query-row
+            # attention as f32 multiply + sum without expanding the cache (passes/cpu_attention.py).
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
+            h = h + attn.out(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = m.lm_head(m.model.norm(h))
         return (logits, *out_cache)

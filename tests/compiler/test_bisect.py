@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from llmc.compiler import bisect, export
+from llmc.compiler import bisect, bisect_graph, bisect_session, export, pipeline, targets
 
 CLI = [sys.executable, "-m", "llmc.compiler.cli"]
 TOOLS_PATH = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -95,14 +95,14 @@ def test_search_prefix_finds_every_position_in_log2_calls():
                 calls.append(k)
                 return k >= culprit
 
-            assert bisect.search_prefix(n, fails) == culprit
+            assert bisect_graph.search_prefix(n, fails) == culprit
             assert len(calls) <= math.ceil(math.log2(n)), (n, culprit, calls)
             assert n not in calls  # the whole model's failure is known: never recompiled
 
 
 def test_search_prefix_when_no_prefix_fails():
     calls = []
-    assert bisect.search_prefix(8, lambda k: calls.append(k) or False, known_fail_at_n=False) is None
+    assert bisect_graph.search_prefix(8, lambda k: calls.append(k) or False, known_fail_at_n=False) is None
     assert calls == [8]
 
 
@@ -110,13 +110,13 @@ def test_error_signature_ignores_ssa_names_and_locations():
     a = "/tmp/llmc-compile-1/input.mlir:6:10: error: failed to legalize operation 'torch.aten.erfinv': %77 = \"torch.aten.erfinv\"(%76)"
     b = "/tmp/x/repro.mlir:3:8: error: failed to legalize operation 'torch.aten.erfinv': %2 = \"torch.aten.erfinv\"(%1)"
     c = "in.mlir:1:1: error: failed to legalize operation 'torch.aten.erf': %2 = \"torch.aten.erf\"(%1)"
-    sig_a, first_a = bisect.error_signature("note: something\n" + a)
+    sig_a, first_a = bisect_session.error_signature("note: something\n" + a)
     assert sig_a == "failed to legalize operation 'torch.aten.erfinv'"
     assert first_a.startswith("failed to legalize operation 'torch.aten.erfinv': %77")
-    assert bisect.error_signature(b)[0] == sig_a
-    assert bisect.error_signature(c)[0] != sig_a
+    assert bisect_session.error_signature(b)[0] == sig_a
+    assert bisect_session.error_signature(c)[0] != sig_a
     op = 'loc("m.py":5:0): error: failed to legalize operation \'torch.operator\' that was explicitly marked illegal: %3 = "torch.operator"(%2) <{name = "torch.aten.lgamma"}>'
-    assert bisect.error_signature(op)[0].endswith("(torch.aten.lgamma)")
+    assert bisect_session.error_signature(op)[0].endswith("(torch.aten.lgamma)")
 
 
 def test_prefix_returns_the_frontier_and_runs_like_the_model():
@@ -128,14 +128,14 @@ def test_prefix_returns_the_frontier_and_runs_like_the_model():
 
     x = torch.randn(3, 4)
     ep = export.export_model(M(), (x,)).program
-    ops = bisect.graph_ops(ep)
+    ops = bisect_graph.graph_ops(ep)
     assert [str(n.target) for n in ops] == ["aten.add.Tensor", "aten.mul.Tensor", "aten.sub.Tensor", "aten.relu.default"]
-    outs = bisect.prefix_outputs(ep, ops, 2)
+    outs = bisect_graph.prefix_outputs(ep, ops, 2)
     assert [n.name for n in outs] == [ops[0].name, ops[1].name]  # a and b are both used later
-    got = bisect.subprogram(ep, outs).module()(x)
+    got = bisect_graph.subprogram(ep, outs).module()(x)
     torch.testing.assert_close(got[0], x + 1)
     torch.testing.assert_close(got[1], (x + 1) * 2)
-    values = bisect.eager_values(ep, (x,), {})
+    values = bisect_session.eager_values(ep, (x,), {})
     torch.testing.assert_close(values[ops[3].name], ((x + 1) * 2).relu())
 
 
@@ -147,7 +147,9 @@ def test_cli_bisects_a_real_compile_failure_to_one_op(tmp_path):
     torch.manual_seed(0)
     model, x = FiftyOps(), torch.randn(2, 4, 16)
     ep = torch.export.export(model, (x,))
-    n_ops = len(bisect.graph_ops(export.export_model(ep).program))
+    # bisect searches the program after the graph passes (what iree-compile sees)
+    plan = pipeline.build(targets.resolve("cpu", None, "f32"))
+    n_ops = len(bisect_graph.graph_ops(pipeline.run_graph(plan, export.export_model(ep).program)))
     assert 40 <= n_ops <= 60, n_ops
     torch.export.save(ep, str(tmp_path / "fifty.pt2"))
 

@@ -1,4 +1,4 @@
-"""llmc.compiler.diff and per_layer without compiling: tolerance overrides, logits metrics, input
+"""llmc.compiler.diff_metrics, diff_inputs and per_layer without compiling: tolerance overrides, logits metrics, input
 files, the worst output, and which module outputs per-layer localisation probes.
 
 Numbers checked here are computed independently in the test (numpy, forward hooks), never copied
@@ -16,19 +16,19 @@ import pytest
 import torch
 import torch.nn as nn
 
-from llmc.compiler import diff, per_layer
+from llmc.compiler import diff_inputs, diff_metrics, per_layer
 from llmc.errors import UsageError
 
-F32 = diff.TOLERANCES["f32"]
+F32 = diff_metrics.TOLERANCES["f32"]
 
 
 # --- tolerance overrides ------------------------------------------------------------------------
 
 
 def test_parse_tolerance_reads_every_key():
-    got = diff.parse_tolerance("max_rel=1e-4, min_cosine=0.999,min_top1=0.5,max_kl=2e-3")
+    got = diff_metrics.parse_tolerance("max_rel=1e-4, min_cosine=0.999,min_top1=0.5,max_kl=2e-3")
     assert got == {"max_rel": 1e-4, "min_cosine": 0.999, "min_top1": 0.5, "max_kl": 2e-3}
-    assert diff.parse_tolerance(None) == {}
+    assert diff_metrics.parse_tolerance(None) == {}
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_parse_tolerance_reads_every_key():
 )
 def test_parse_tolerance_rejects(text, names):
     with pytest.raises(UsageError) as e:
-        diff.parse_tolerance(text)
+        diff_metrics.parse_tolerance(text)
     msg = str(e.value)
     assert msg.startswith("--tolerance") and "\n" not in msg
     for n in names:
@@ -64,7 +64,7 @@ def _kl_numpy(ref: np.ndarray, got: np.ndarray) -> float:
 def test_logits_metrics_hand_computed():
     ref = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 1.0, 2.0, 3.0], [5.0, 0.0, 0.0, 0.0]])
     got = torch.tensor([[1.0, 2.0, 0.0, -1.0], [0.0, 1.0, 2.0, 3.0], [0.0, 0.0, 0.0, 5.0]])
-    m = diff.logits_metrics(got, ref, k=2)
+    m = diff_metrics.logits_metrics(got, ref, k=2)
     assert m.rows == 3 and m.k == 2
     # argmax: row 0 flips (0 -> 1), row 1 agrees, row 2 flips (0 -> 3)
     assert m.top1 == pytest.approx(1 / 3)
@@ -80,7 +80,7 @@ def test_logits_metrics_over_leading_dims_and_masked_tokens():
     ref = torch.randn(2, 3, 11, generator=g)
     ref[..., 0] = -math.inf  # a masked token: no mass on either side, must not make KL nan
     got = ref.clone()
-    m = diff.logits_metrics(got, ref)
+    m = diff_metrics.logits_metrics(got, ref)
     assert (m.rows, m.top1, m.topk, m.kl) == (6, 1.0, 1.0, 0.0)
 
 
@@ -93,22 +93,22 @@ def test_compare_logits_fails_on_argmax_flips_and_names_them():
         top = ref[row].topk(2).indices
         got[row, top[0]], got[row, top[1]] = ref[row, top[1]], ref[row, top[0]]
     loose = {**F32, "max_rel": 1.0, "min_cosine": 0.0, "max_kl": 1.0}  # only top-1 can fail
-    r = diff.compare("logits", got, ref, loose, logits=True)
+    r = diff_metrics.compare("logits", got, ref, loose, logits=True)
     assert r.logits.top1 == pytest.approx(61 / 64)
     assert not r.passed and r.reason.startswith("top-1 agreement 0.9531 < 0.99")
-    plain = diff.compare("logits", got, ref, loose)  # not logits: no top-1 check
+    plain = diff_metrics.compare("logits", got, ref, loose)  # not logits: no top-1 check
     assert plain.passed and plain.logits is None
 
 
 def test_worst_is_the_output_furthest_over_its_limit():
     ref = torch.linspace(1, 2, 100)
-    a = diff.compare("a", ref + 1e-3, ref, F32)  # 1e-3 / 2 = 5e-4 relative: 50x the limit
-    b = diff.compare("b", ref + 1e-1, ref, F32)  # 5e-2 relative: 5000x
-    c = diff.compare("c", ref.clone(), ref, F32)
+    a = diff_metrics.compare("a", ref + 1e-3, ref, F32)  # 1e-3 / 2 = 5e-4 relative: 50x the limit
+    b = diff_metrics.compare("b", ref + 1e-1, ref, F32)  # 5e-2 relative: 5000x
+    c = diff_metrics.compare("c", ref.clone(), ref, F32)
     assert not a.passed and not b.passed and c.passed
     assert a.severity == pytest.approx(5e-4 / 1e-5, rel=1e-3)
-    assert diff.worst([a, c, b]).name == "b"
-    assert diff.worst([c, diff.compare("d", ref * (1 + 5e-6), ref, F32)]).name == "d"  # both pass: closest to the limit
+    assert diff_metrics.worst([a, c, b]).name == "b"
+    assert diff_metrics.worst([c, diff_metrics.compare("d", ref * (1 + 5e-6), ref, F32)]).name == "d"  # both pass: closest to the limit
 
 
 # --- input files --------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def test_load_inputs_by_name_path_and_alias(tmp_path):
     x = np.arange(10, dtype=np.float32).reshape(2, 5)
     mask = np.array([1, 0])
     for keys in ({"x": x, "mask": mask}, {"[0][0]": x, "[1]['mask']": mask}, {"tokens": x, "mask": mask}):
-        args, kwargs = diff.load_inputs(_npz(tmp_path, **keys), ENTRY, aliases={"tokens": "[0][0]"})
+        args, kwargs = diff_inputs.load_inputs(_npz(tmp_path, **keys), ENTRY, aliases={"tokens": "[0][0]"})
         assert len(args) == 2 and args[1] == 3  # the constant keeps its compiled value
         assert torch.equal(args[0], torch.from_numpy(x)) and torch.equal(kwargs["mask"], torch.from_numpy(mask))
 
@@ -140,7 +140,7 @@ def test_load_inputs_by_name_path_and_alias(tmp_path):
 def test_load_inputs_bf16_roundtrip(tmp_path):
     entry = {"inputs": [{"path": "[0][0]", "name": "x", "kind": "tensor", "dtype": "bfloat16", "shape": [3]}]}
     x = np.array([1.5, -2.25, 3.0], dtype=ml_dtypes.bfloat16)  # numpy stores this as raw 2-byte voids
-    (t,), _ = diff.load_inputs(_npz(tmp_path, x=x), entry)
+    (t,), _ = diff_inputs.load_inputs(_npz(tmp_path, x=x), entry)
     assert t.dtype == torch.bfloat16 and t.float().tolist() == [1.5, -2.25, 3.0]
 
 
@@ -160,7 +160,7 @@ def test_load_inputs_bf16_roundtrip(tmp_path):
 def test_load_inputs_errors_name_the_file_and_key(tmp_path, arrays, names):
     path = _npz(tmp_path, **arrays)
     with pytest.raises(UsageError) as e:
-        diff.load_inputs(path, ENTRY)
+        diff_inputs.load_inputs(path, ENTRY)
     msg = str(e.value)
     assert msg.startswith(f"--inputs {path}: ") and "\n" not in msg
     for n in names:
@@ -171,7 +171,7 @@ def test_load_inputs_not_an_npz(tmp_path):
     path = tmp_path / "inputs.npz"
     path.write_bytes(b"\x93NUMPY not a zip")
     with pytest.raises(UsageError, match="not an .npz archive"):
-        diff.load_inputs(path, ENTRY)
+        diff_inputs.load_inputs(path, ENTRY)
 
 
 # --- per-layer probes ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@ jsonschema), the JUnit file (parsed with junitparser), input files, tolerance ov
 checks, compiling first, and bad input (one `llmc: error:` line, exit 2, no files written).
 
 One artifact is compiled from `model.pt2`; "different weights" is `other.pt2` (layer blocks.2
-perturbed) diffed against it. Tolerances are the f32 profile of llmc.compiler.diff.TOLERANCES.
+perturbed) diffed against it. Tolerances are the f32 profile of llmc.compiler.diff_metrics.TOLERANCES.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.nn as nn
 from junitparser import JUnitXml
 
 import llmc
-from llmc.compiler import cli, diff, report
+from llmc.compiler import cli, diff_inputs, diff_metrics, report
 
 X_SHAPE = (2, 6, 16)
 
@@ -221,7 +221,7 @@ def test_logits_flag_reports_top1_topk_and_kl(built, work, capsys):
     assert (lg["rows"], lg["k"]) == (12, 3)
     assert lg["top1"] == pytest.approx(top1) and lg["topk"] == pytest.approx(topk)
     assert lg["kl"] == pytest.approx(kl, rel=1e-4)
-    assert kl > diff.TOLERANCES["f32"]["max_kl"] and f"KL {lg['kl']:.3g} > 1e-06" in o0["reason"]
+    assert kl > diff_metrics.TOLERANCES["f32"]["max_kl"] and f"KL {lg['kl']:.3g} > 1e-06" in o0["reason"]
     assert o1["logits"] is None
     assert "top-3" in out
 
@@ -260,7 +260,7 @@ def test_tolerance_override_applies_to_this_run(built, work, capsys):
     # Tightening one key only: the profile's other limits stay, and same weights now fail on it.
     code, out, _ = llmc_diff(capsys, built["model"], built["vmfb"], "--tolerance", "max_rel=0", "--json", "r.json")
     rep = json.loads((work / "r.json").read_text())
-    assert rep["tolerance"]["min_cosine"] == diff.TOLERANCES["f32"]["min_cosine"]
+    assert rep["tolerance"]["min_cosine"] == diff_metrics.TOLERANCES["f32"]["min_cosine"]
     nonzero = [o for o in rep["entry_points"][0]["outputs"] if o["max_rel"] > 0]
     assert nonzero, "f32 reorderings give some nonzero error"
     assert code == 1 and all(not o["passed"] for o in nonzero)
@@ -278,7 +278,7 @@ def test_tolerance_unknown_key(built, work, capsys):
 
 def test_inputs_file_is_what_runs(built, work, capsys):
     entry = llmc.load(built["vmfb"]).manifest["entry_points"]["main"]
-    (x,), _ = diff.random_inputs(entry, 0, 16)
+    (x,), _ = diff_inputs.random_inputs(entry, 0, 16)
     np.savez(work / "same.npz", x=x.numpy())  # the seed-0 inputs, by name
     np.savez(work / "path.npz", **{"[0][0]": x.numpy()})  # the same, by signature path
     np.savez(work / "other.npz", x=(x * 3).numpy())

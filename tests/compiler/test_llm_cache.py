@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from llmc.compiler.iree import iree_compile_path
-from llmc.compiler.llm import compile_llm
+import llmc
 from llmc.models.llama.config import get_config
 from llmc.models.llama.model import init_random
 
@@ -19,10 +19,10 @@ MAX_SEQ = 48
 def stream_ir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kv")
     config = get_config("tiny")
-    art = compile_llm(init_random(config, seed=0), output=tmp / "tiny.vmfb", max_seq_len=MAX_SEQ, dump_ir=tmp / "ir")
+    art = llmc.compile(init_random(config, seed=0), output=tmp / "tiny.vmfb", max_seq_len=MAX_SEQ, dump_ir=tmp / "ir")
     flags = art.read_manifest()["iree_flags"]
     out = tmp / "stream.mlir"
-    subprocess.run([iree_compile_path(), str(tmp / "ir" / "00-import.mlir"), *flags, "--compile-to=stream", "-o", str(out)], check=True)
+    subprocess.run([iree_compile_path(), str(next((tmp / "ir").glob("*-import.mlir"))), *flags, "--compile-to=stream", "-o", str(out)], check=True)
     cache_bytes = 1 * config.n_kv_heads * MAX_SEQ * config.head_dim * 4
     return out.read_text(), cache_bytes, 2 * config.n_layers
 

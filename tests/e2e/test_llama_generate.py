@@ -2,7 +2,7 @@
 checked against `transformers` LlamaForCausalLM (which reads the HF checkpoint with its own loader).
 
 Tolerances: prefill logits vs eager f32, max |diff| / max |ref| <= 1e-5 (the f32 profile of
-compiler/diff.py); greedy tokens must be identical (32 in f32; the first 16 in bf16 against eager
+compiler/diff_metrics.py); greedy tokens must be identical (32 in f32; the first 16 in bf16 against eager
 bf16, where both sides round every op to 8 bits of mantissa and long runs may legitimately part).
 """
 
@@ -15,7 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from llmc.compiler.llm import compile_llm  # noqa: E402
+import llmc  # noqa: E402
 from llmc.models.llama.config import get_config  # noqa: E402
 from llmc.tools.make_checkpoint import write_checkpoint  # noqa: E402
 
@@ -43,10 +43,8 @@ def checkpoints(tmp_path_factory):
 def compiled(checkpoints):
     root, config, _ = checkpoints
     arts = {}
-    arts["meta"] = compile_llm(root / "meta", output=root / "meta.vmfb", max_seq_len=MAX_SEQ)
+    arts["meta"] = llmc.compile(root / "meta", output=root / "meta.vmfb", max_seq_len=MAX_SEQ)
     # The public API routes a checkpoint folder to the same path (DESIGN.md: model may be an HF folder).
-    import llmc
-
     arts["hf"] = llmc.compile(root / "hf", output=root / "hf.vmfb", max_seq_len=MAX_SEQ)
     assert arts["hf"].read_manifest()["llm"]["max_seq_len"] == MAX_SEQ
     return arts
@@ -101,7 +99,7 @@ def test_bf16_first_16_tokens_equal_eager_bf16(checkpoints, tmp_path):
     import llmc
 
     root, config, hf = checkpoints
-    art = compile_llm(root / "hf", output=tmp_path / "bf16.vmfb", dtype="bf16", max_seq_len=MAX_SEQ)
+    art = llmc.compile(root / "hf", output=tmp_path / "bf16.vmfb", dtype="bf16", max_seq_len=MAX_SEQ)
     manifest = art.read_manifest()
     assert manifest["llm"]["cache"]["dtype"] == "bfloat16"
     got = llmc.load(art).generate(PROMPT, 16, stop_at_eos=False)

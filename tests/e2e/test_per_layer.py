@@ -4,7 +4,7 @@ Acceptance: an artifact built from a copy of the model whose layer `blocks.2` ha
 weights, diffed against the unperturbed .pt2, names `blocks.2` (its first sub-module at full depth,
 the block itself at depth 1) with its source line; a clean artifact names none. The instrumented
 module runs with the artifact's own .irpa, which is what makes the changed weights show up.
-Tolerances: the f32 profile of llmc.compiler.diff.TOLERANCES (max_rel 1e-5, cosine 0.99999).
+Tolerances: the f32 profile of llmc.compiler.diff_metrics.TOLERANCES (max_rel 1e-5, cosine 0.99999).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A .pt2 exported in f32 compiled with --dtype bf16: the graph has f32 casts and dtype asserts baked in
-(RMSNorm's x.float() / .to(dtype)); export.retarget_graph removes them. Checked against eager bf16 of
+(RMSNorm's x.float() / .to(dtype)); the retarget-casts source pass removes them. Checked against eager bf16 of
 the source nn.Module (which upcasts its norms): cosine >= 0.999, the bf16 profile."""
 
 import torch

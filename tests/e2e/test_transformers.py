@@ -10,7 +10,7 @@ exported with the example kwarg `use_cache=False`; llmc folds that into the modu
 the compiled module is called with the same kwarg. The output comes back as a dict with the keys of
 the eager ModelOutput (only "logits" here).
 
-Tolerances come from llmc.compiler.diff: f32 max relative error <= 1e-5 (and the greedy token of the
+Tolerances come from llmc.compiler.diff_metrics: f32 max relative error <= 1e-5 (and the greedy token of the
 last position must agree), bf16 cosine >= 0.999 against eager bf16.
 """
 
@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import llmc
-from llmc.compiler import diff, export
+from llmc import dtypes
+from llmc.compiler import diff_metrics, export
 
 transformers = pytest.importorskip("transformers")
 
@@ -65,7 +66,7 @@ def input_ids():
 def eager_logits(model, ids, dtype):
     ref_model = model
     if dtype != "f32":
-        tdt = export.TORCH_DTYPES[dtype]
+        tdt = dtypes.compute_torch_dtype(dtype)
         ref_model = export.CastInputs(export.convert_module(model, tdt), tdt)
     with torch.no_grad():
         out = ref_model(ids, **KWARGS)
@@ -87,13 +88,13 @@ def test_hf_causal_lm_matches_eager(arch, dtype, tmp_path):
     assert isinstance(got, dict) and set(got) == set(ref.keys()) == {"logits"}, (type(got), got.keys())
     ref_logits = ref.logits
     got_logits = got["logits"]
-    assert got_logits.dtype == ref_logits.dtype == export.TORCH_DTYPES[dtype]
+    assert got_logits.dtype == ref_logits.dtype == dtypes.compute_torch_dtype(dtype)
     assert tuple(got_logits.shape) == (1, SEQ, VOCAB)
     # The reference is not degenerate: positions differ from each other, so a wrong mask/position shows.
     assert ref_logits.float().std() > 1e-3
     assert (ref_logits[0, 0] - ref_logits[0, -1]).abs().max() > 1e-3
 
-    r = diff.compare("logits", got_logits, ref_logits, diff.TOLERANCES[dtype])
+    r = diff_metrics.compare("logits", got_logits, ref_logits, diff_metrics.TOLERANCES[dtype])
     if dtype == "f32":
         assert r.max_rel <= 1e-5, r
         assert r.passed, r
@@ -116,5 +117,5 @@ def test_hf_llama_other_weights_are_caught(tmp_path):
     other = transformers.LlamaForCausalLM(model.config).eval()
     ids = input_ids()
     got = llmc.load(llmc.compile(other, (ids,), example_kwargs=KWARGS, output=tmp_path / "o.vmfb"))(ids, **KWARGS)
-    r = diff.compare("logits", got["logits"], eager_logits(model, ids, "f32").logits, diff.TOLERANCES["f32"])
+    r = diff_metrics.compare("logits", got["logits"], eager_logits(model, ids, "f32").logits, diff_metrics.TOLERANCES["f32"])
     assert not r.passed and r.max_rel > 0.1, r

@@ -1,6 +1,6 @@
 """Every zoo model, f32 and bf16, compiled for cpu and compared with eager PyTorch.
 
-Tolerances come from the one table in llmc.compiler.diff (f32: max relative error <= 1e-5; bf16:
+Tolerances come from the one table in llmc.compiler.diff_metrics (f32: max relative error <= 1e-5; bf16:
 cosine >= 0.999 against eager bf16); they are not picked per test.
 """
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import llmc
-from llmc.compiler import diff, export
+from llmc import dtypes
+from llmc.compiler import diff_metrics, export
 from llmc.models import zoo
 
 
@@ -16,7 +17,7 @@ def eager(model, args, dtype):
     if dtype == "f32":
         ref_model = model
     else:
-        tdt = export.TORCH_DTYPES[dtype]
+        tdt = dtypes.compute_torch_dtype(dtype)
         ref_model = export.CastInputs(export.convert_module(model, tdt), tdt)
     with torch.no_grad():
         return ref_model(*args)
@@ -30,7 +31,7 @@ def test_zoo_matches_eager(name, dtype, tmp_path):
     got = llmc.load(art)(*args)
     ref = eager(model, args, dtype)
     assert got.dtype == ref.dtype, "outputs come back in the dtype eager returns for the converted model"
-    r = diff.compare("out", got, ref, diff.TOLERANCES[dtype])
+    r = diff_metrics.compare("out", got, ref, diff_metrics.TOLERANCES[dtype])
     assert r.passed, r
     if dtype == "f32":
         assert r.max_rel <= 1e-5
@@ -50,7 +51,7 @@ def test_dynamic_sequence_one_artifact_many_lengths(tmp_path):
         with torch.no_grad():
             ref = model(ids)
         assert got.shape == (1, seq, 256)
-        r = diff.compare(f"seq{seq}", got, ref, diff.TOLERANCES["f32"])
+        r = diff_metrics.compare(f"seq{seq}", got, ref, diff_metrics.TOLERANCES["f32"])
         assert r.max_rel <= 1e-5, r
 
 
@@ -59,5 +60,5 @@ def test_a_wrong_model_is_caught(tmp_path):
     model, args, _ = zoo.build("mlp_silu", seed=0)
     other, _, _ = zoo.build("mlp_silu", seed=1)
     got = llmc.load(llmc.compile(other, args, output=tmp_path / "o.vmfb"))(*args)
-    r = diff.compare("out", got, eager(model, args, "f32"), diff.TOLERANCES["f32"])
+    r = diff_metrics.compare("out", got, eager(model, args, "f32"), diff_metrics.TOLERANCES["f32"])
     assert not r.passed and r.max_rel > 0.1

@@ -1,34 +1,20 @@
-"""The pass framework (passes/_base.py, compiler/pipeline.py): registration, capability gating, stats,
-and the IR dumps. No rewrite pass exists yet; these pin the contract the first one will use. A toy
-pass registered here (and removed after) rewrites real torch-dialect IR from the importer."""
+"""The pass framework (passes/_base.py, compiler/pipeline.py): registration when llmc.passes is
+imported, capability gating from the typed target table, stats (each source node counted once even
+when the program is traced twice), the IR dumps, and refusals turned into llmc errors."""
 
 import pytest
+import torch
 
-from llmc.compiler import pipeline
-from llmc.passes._base import REGISTRY, Pass, Requires, register_pass
+from llmc.compiler import pipeline, targets
+from llmc.errors import PassError
+from llmc.passes._base import REGISTRY, IRPass, PassError as Refusal, register_pass
 
 IR = """
 func.func @main(%arg0: !torch.vtensor<[4],f32>) -> !torch.vtensor<[4],f32> {
-  %0 = torch.aten.neg %arg0 : !torch.vtensor<[4],f32> -> !torch.vtensor<[4],f32>
-  %1 = torch.aten.neg %0 : !torch.vtensor<[4],f32> -> !torch.vtensor<[4],f32>
-  return %1 : !torch.vtensor<[4],f32>
+  %0 = torch.aten.log10 %arg0 : !torch.vtensor<[4],f32> -> !torch.vtensor<[4],f32>
+  return %0 : !torch.vtensor<[4],f32>
 }
 """
-
-
-@pytest.fixture
-def toy_pass(monkeypatch):
-    @register_pass("test-count-neg", Requires(backends=("llvm-cpu",), dtypes=("f32", "bf16")))
-    class CountNeg(Pass):
-        def run(self, module):
-            for op in module.body.operations[0].regions[0].blocks[0].operations:
-                if op.operation.name == "torch.aten.neg":
-                    self.stats.rewrite()
-            return self.stats
-
-    monkeypatch.setattr(pipeline, "PIPELINE", ["test-count-neg"])
-    yield CountNeg
-    del REGISTRY["test-count-neg"]
 
 
 def _module():
@@ -40,23 +26,68 @@ def _module():
     return ir.Module.parse(IR, ctx)
 
 
-def test_gating_skips_with_reason(toy_pass):
-    run, skipped = pipeline.build("vulkan-spirv", "f32")
-    assert run == [] and skipped == [{"name": "test-count-neg", "reason": "needs backend llvm-cpu, target uses vulkan-spirv"}]
-    run, skipped = pipeline.build("llvm-cpu", "f16")
-    assert run == [] and "needs dtype f32/bf16" in skipped[0]["reason"]
-    run, skipped = pipeline.build("llvm-cpu", "bf16")
-    assert [type(p) for p in run] == [toy_pass] and skipped == []
+def test_pass_files_register_on_import():
+    import llmc.passes  # noqa: F401
+
+    for name in [*pipeline.SOURCE_PASSES, *pipeline.GRAPH_PASSES, *pipeline.IR_PASSES]:
+        assert name in REGISTRY, name
 
 
-def test_stats_and_dumps(toy_pass, tmp_path):
-    run, _ = pipeline.build("llvm-cpu", "f32")
-    stats = pipeline.run_passes(_module(), run, tmp_path)
-    assert [s.as_dict() for s in stats] == [{"name": "test-count-neg", "matched": 2, "rewrote": 2, "declined": 0}]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["00-import.mlir", "01-test-count-neg.mlir"]
-    assert "torch.aten.neg" in (tmp_path / "00-import.mlir").read_text()
+def test_gating_follows_typed_caps():
+    cpu = pipeline.build(targets.resolve("cpu", None, "f32"))
+    assert [p.name for p in cpu.graph] == ["slice-copy", "cpu-attention"]
+    assert cpu.skipped == [{"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8, compiling f32"}]
+    hip = pipeline.build(targets.resolve("hip", "gfx942", "bf16", allow_planned=True))
+    names = {s["name"]: s["reason"] for s in hip.skipped}
+    assert "cpu-attention" in names and "'decompose'" in names["cpu-attention"] and "'fused'" in names["cpu-attention"]
+    assert "log10-to-log" in names and "llvm-cpu" in names["log10-to-log"]
+    assert [p.name for p in hip.source] == ["retarget-casts"]
 
 
-def test_duplicate_name_is_refused(toy_pass):
+def test_ir_pass_stats_and_dumps(tmp_path):
+    plan = pipeline.build(targets.resolve("cpu", None, "f32"), only=["log10-to-log"])
+    module = _module()
+    pipeline.run_ir(plan, module, pipeline.Dumper(tmp_path))
+    assert plan.stats()[0] | {} == {**plan.stats()[0], "name": "log10-to-log", "kind": "ir", "matched": 1, "rewrote": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["00-import.mlir", "01-log10-to-log.mlir"]
+    assert "torch.aten.log10" in (tmp_path / "00-import.mlir").read_text()
+    assert "torch.aten.log10" not in (tmp_path / "01-log10-to-log.mlir").read_text()
+
+
+def test_decomposition_counts_each_node_once():
+    class M(torch.nn.Module):
+        def forward(self, q):
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q) * 2
+
+    ep = torch.export.export(M(), (torch.randn(1, 2, 3, 4),))
+    plan = pipeline.build(targets.resolve("cpu", None, "f32"))
+    for entry in ("prefill", "decode"):  # the same node name in two entry points counts twice
+        out = pipeline.run_graph(plan, ep, entry)
+    stats = {s["name"]: s for s in plan.stats()}
+    assert stats["cpu-attention"]["rewrote"] == 2 and stats["cpu-attention"]["forms"] == {"general": 2}
+    assert not any("scaled_dot_product" in str(n.target) for n in out.graph.nodes)
+
+
+def test_refusal_becomes_llmc_error():
+    @register_pass("test-refuses")
+    class Refuses(IRPass):
+        def run(self, module):
+            raise Refusal("no correct rewrite for this op")
+
+    try:
+        plan = pipeline.build(targets.resolve("cpu", None, "f32"), only=["test-refuses"])
+        with pytest.raises(PassError, match="pass test-refuses: no correct rewrite") as info:
+            pipeline.run_ir(plan, _module())
+        assert info.value.exit_code == 3
+    finally:
+        del REGISTRY["test-refuses"]
+
+
+def test_duplicate_name_is_refused():
     with pytest.raises(ValueError, match="registered twice"):
-        register_pass("test-count-neg")(type("Other", (Pass,), {}))
+        register_pass("log10-to-log")(type("Other", (IRPass,), {}))
+
+
+def test_unknown_pass_name():
+    with pytest.raises(PassError, match="unknown pass 'nope'"):
+        pipeline.build(targets.resolve("cpu", None, "f32"), only=["nope"])

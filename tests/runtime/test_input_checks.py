@@ -16,12 +16,12 @@ import pytest
 import torch
 
 import llmc
-from llmc.compiler import diff
+from llmc.compiler import diff_metrics
 from llmc.errors import InputError, RuntimeLoadError
 from llmc.models import zoo
 from llmc.runtime import module as rt_module
 
-F32 = diff.TOLERANCES["f32"]
+F32 = diff_metrics.TOLERANCES["f32"]
 INPUT = "[0][0]"  # how the manifest (and the messages) name the first positional input
 
 
@@ -102,7 +102,7 @@ def test_dynamic_dim_range_ends_are_accepted(compiled, mod, seq):
     x = x_of(seq, seed=seq)
     got = mod(x)
     assert got.shape == (1, seq, 64)
-    assert diff.compare(f"seq{seq}", got, eager(model, x), F32).max_rel <= 1e-5
+    assert diff_metrics.compare(f"seq{seq}", got, eager(model, x), F32).max_rel <= 1e-5
 
 
 @pytest.mark.parametrize("shape", [(8, 64), (1, 1, 8, 64), (64,)], ids=["rank2", "rank4", "rank1"])
@@ -146,14 +146,14 @@ def test_numpy_input_same_as_torch(compiled, mod):
     got_n = mod(x.numpy())
     assert isinstance(got_n, torch.Tensor) and got_n.dtype == torch.float32
     assert torch.equal(got_n, got_t)
-    assert diff.compare("numpy", got_n, eager(model, x), F32).max_rel <= 1e-5
+    assert diff_metrics.compare("numpy", got_n, eager(model, x), F32).max_rel <= 1e-5
 
 
 def test_non_contiguous_input(compiled, mod):
     model = compiled[0]
     x = torch.randn(1, 64, 9, generator=torch.Generator().manual_seed(4)).transpose(1, 2)  # [1, 9, 64], strided
     assert not x.is_contiguous()
-    r = diff.compare("strided", mod(x), eager(model, x), F32)
+    r = diff_metrics.compare("strided", mod(x), eager(model, x), F32)
     assert r.max_rel <= 1e-5, r
 
 
@@ -164,7 +164,7 @@ def test_matches_eager_across_lengths(compiled, mod, seq):
     got = mod(x)
     ref = eager(model, x)
     assert got.shape == ref.shape == (1, seq, 64)
-    r = diff.compare(f"seq{seq}", got, ref, F32)
+    r = diff_metrics.compare(f"seq{seq}", got, ref, F32)
     assert r.passed and r.max_rel <= 1e-5, r
 
 
@@ -172,7 +172,7 @@ def test_a_rejected_call_leaves_the_module_usable(compiled, mod):
     with pytest.raises(InputError):
         mod(x_of(500))
     x = x_of(5, seed=9)
-    assert diff.compare("after", mod(x), eager(compiled[0], x), F32).max_rel <= 1e-5
+    assert diff_metrics.compare("after", mod(x), eager(compiled[0], x), F32).max_rel <= 1e-5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +192,7 @@ def test_copied_artifact_loads_and_runs(compiled, tmp_path):
     model, _, art = compiled
     vmfb = copy_artifact(art, tmp_path / "copy")
     x = x_of(6, seed=6)
-    assert diff.compare("copy", llmc.load(vmfb)(x), eager(model, x), F32).max_rel <= 1e-5
+    assert diff_metrics.compare("copy", llmc.load(vmfb)(x), eager(model, x), F32).max_rel <= 1e-5
 
 
 def test_missing_manifest(compiled, tmp_path):

@@ -2,7 +2,8 @@
 
 The script runs for real: `llmc compile` + `llmc diff --junit/--json` on a tiny model's cpu/f32 cell,
 a planned target recorded as skipped, and a model IREE 3.13 can't compile (aten.erfinv) whose
-cell fails the run with llmc's exit code 3.
+cell fails the run with llmc's exit code 3. The JUnit files the script writes itself come from the
+writer `llmc diff --junit` uses (compiler/report.py); junitparser reads them as a CI system would.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from junitparser import Failure, JUnitXml
 
+from llmc.compiler import report
 from llmc.compiler.targets import DTYPES, TARGETS
 from llmc.models import zoo
 
@@ -51,6 +54,19 @@ def junit_cases(xml_path: Path) -> dict[str, str]:
     return out
 
 
+def junit_suite(xml_path: Path):
+    """The one testsuite of a cell's JUnit file, read by junitparser (counts checked against the cases)."""
+    xml = JUnitXml.fromfile(str(xml_path))
+    suites = list(xml)
+    assert len(suites) == 1, suites
+    suite = suites[0]
+    cases = list(suite)
+    assert suite.tests == xml.tests == len(cases)
+    assert suite.failures == xml.failures == sum(any(isinstance(r, Failure) for r in c.result) for c in cases)
+    assert suite.skipped == sum(c.is_skipped for c in cases) and suite.errors == 0
+    return suite
+
+
 @needs_reports
 def test_ci_runs_the_matrix_and_writes_reports(tmp_path):
     model, args, _ = zoo.build("linear_stack")
@@ -68,6 +84,12 @@ def test_ci_runs_the_matrix_and_writes_reports(tmp_path):
 
     # hip is planned: recorded as skipped, nothing compiled.
     assert junit_cases(rep / "tiny-hip-f32.xml") == {"compile": "skipped", "diff": "skipped"}
+    hip = junit_suite(rep / "tiny-hip-f32.xml")
+    assert (hip.name, hip.tests, hip.skipped) == ("tiny-hip-f32", 2, 2)
+    assert {p.name: p.value for p in hip.properties()} == {"target": "hip", "dtype": "f32"}
+    assert {c.classname for c in hip} == {"llmc.ci.tiny-hip-f32"}
+    assert all(r.message.startswith("target hip is planned") for c in hip for r in c.result)
+    assert junit_suite(rep / "tiny-cpu-f32.xml").failures == 0
     assert not (tmp_path / "arts" / "tiny-hip-f32").exists()
 
     summary = json.loads((rep / "summary.json").read_text())
@@ -88,6 +110,9 @@ def test_ci_failing_cell_fails_the_run(tmp_path):
     assert junit_cases(rep / "probit-cpu-f32.xml") == {"compile": "failure"}
     failure = ET.parse(rep / "probit-cpu-f32.xml").getroot().find(".//failure").get("message")
     assert "failed to legalize operation 'torch.aten.erfinv'" in failure, failure
+    suite = junit_suite(rep / "probit-cpu-f32.xml")
+    assert (suite.tests, suite.failures) == (1, 1)
+    assert [r.message for c in suite for r in c.result] == [failure]
     summary = json.loads((rep / "summary.json").read_text())
     assert summary["exit_code"] == 3 and summary["cells"][0]["status"] == "error"
     # llmc compile left its reproducer in the cell's folder.
@@ -110,6 +135,35 @@ def test_ci_bad_usage_exits_2(tmp_path, args, message):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr and proc.stderr.startswith("llmc-ci: error: "), proc.stderr
     assert not (tmp_path / "reports" / "summary.json").exists()
+
+
+def test_ci_junit_is_written_by_the_diff_report_writer(tmp_path):
+    """The script writes no XML itself: its cells' files come from compiler/report.py, like llmc diff's."""
+    script = SCRIPT.read_text()
+    assert "-m llmc.compiler.report ci-junit" in script and "<testcase" not in script
+    path = tmp_path / "cell.xml"
+    message = 'diff exit 3: llmc: error: <weird> & "quoted" \'name\''
+    steps = ["compile", "ok", "", "diff", "failure", message, "bisect", "skipped", "not asked for"]
+    assert report.main(["ci-junit", str(path), "m-cpu-f32", "cpu", "f32", *steps]) == 0
+    suite = junit_suite(path)
+    assert (suite.name, suite.tests, suite.failures, suite.skipped) == ("m-cpu-f32", 3, 1, 1)
+    assert {p.name: p.value for p in suite.properties()} == {"target": "cpu", "dtype": "f32"}
+    results = {c.name: [(type(r).__name__, r.message) for r in c.result] for c in suite}
+    assert results == {"compile": [], "diff": [("Failure", message)], "bisect": [("Skipped", "not asked for")]}
+    assert path.read_text() == report.ci_cell_junit("m-cpu-f32", "cpu", "f32", [steps[i : i + 3] for i in (0, 3, 6)])
+    assert report.main(["ci-junit", str(path), "m-cpu-f32", "cpu", "f32", "compile", "ok"]) == 2  # not triples
+
+
+def test_ci_needs_a_python_that_imports_llmc(tmp_path):
+    (tmp_path / "m.pt2").write_bytes(b"unused")
+    fake = tmp_path / "python-without-llmc"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "m.pt2"], cwd=tmp_path, capture_output=True, text=True, env={**ENV, "LLMC_CI_PYTHON": str(fake)}, timeout=60
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("llmc-ci: error: ") and "cannot import llmc" in proc.stderr, proc.stderr
 
 
 def test_workflow_installs_llmc_runs_the_script_and_publishes_junit():

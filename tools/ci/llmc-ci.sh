@@ -13,7 +13,8 @@
 #   --bisect         on a failing cell, run `llmc bisect` and keep its one-op reproducer
 #                    (reports/CELL.bisect.json, OUT/CELL.bisect/)          LLMC_CI_BISECT=1
 #   --diff-arg ARG   extra argument for every `llmc diff` (repeatable), e.g. --diff-arg=--seed=3
-#   The llmc command is $LLMC (default: llmc); python for JSON parsing is $LLMC_CI_PYTHON (python3).
+#   The llmc command is $LLMC (default: llmc); $LLMC_CI_PYTHON (default: python3) parses JSON and
+#   writes the JUnit files llmc diff does not, so it must be the python llmc is installed in.
 #
 # Per cell (CELL = MODELSTEM-TARGET-DTYPE), as `llmc targets` describes the target:
 #   runs here (cpu)           llmc compile, then llmc diff MODEL OUT.vmfb --junit reports/CELL.xml
@@ -28,7 +29,7 @@
 set -u
 
 usage() {
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 die() { echo "llmc-ci: error: $*" >&2; exit 2; }
@@ -66,6 +67,8 @@ done
 [ -f "$model" ] || die "$model: no such file"
 command -v "$LLMC" >/dev/null 2>&1 || die "'$LLMC' not found: install llmc (pip install -e .) or set LLMC"
 command -v "$PY" >/dev/null 2>&1 || die "'$PY' not found: set LLMC_CI_PYTHON"
+"$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llmc.compiler.report") is None)' 2>/dev/null ||
+    die "'$PY' cannot import llmc: set LLMC_CI_PYTHON to the python llmc is installed in"
 targets=$(echo "$targets" | tr ',' ' ')
 dtypes=$(echo "$dtypes" | tr ',' ' ')
 [ -n "${targets// /}" ] || die "--targets is empty"
@@ -88,48 +91,23 @@ if caps is None:
 elif not caps["implemented"]:
     print(f"skip:target {target} is planned, not implemented in this llmc")
 else:
-    mode = caps["dtype_support"].get(dtype)
-    if mode is None:
-        print(f"unknown:'{dtype}' is not an llmc dtype (known: {', '.join(caps['dtype_support'])})")
-    elif mode.startswith("planned"):
-        print(f"skip:{dtype} on {target} is {mode}")
-    elif str(caps["runs_here"]).startswith("yes"):
+    support = caps["dtypes"].get(dtype)
+    if support is None:
+        print(f"unknown:'{dtype}' is not an llmc dtype (known: {', '.join(caps['dtypes'])})")
+    elif support["state"] != "implemented":
+        print(f"skip:{dtype} on {target} is {support['state']} ({support['how']})")
+    elif caps["runs_here"]:
         print("run")
     else:
         print("compile")
 EOF
 }
 
-xml_escape() { sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g'; }
-
-# A JUnit file for a cell llmc diff did not report on: one testcase per step, each ok, skipped or failed.
+# A JUnit file for a cell llmc diff did not report on: one testcase per step, each ok, skipped or
+# failed, written by the JUnit writer `llmc diff --junit` uses (compiler/report.py).
 # args: file cell target dtype then triples of (name status message)
 write_junit() {
-    local file=$1 cell=$2 target=$3 dtype=$4
-    shift 4
-    local cases="" tests=0 failures=0 skipped=0
-    while [ $# -ge 3 ]; do
-        local name=$1 status=$2 msg
-        msg=$(printf '%s' "$3" | xml_escape)
-        shift 3
-        tests=$((tests + 1))
-        case "$status" in
-            ok) cases+="    <testcase classname=\"llmc.ci.$cell\" name=\"$name\" />"$'\n' ;;
-            skipped) skipped=$((skipped + 1))
-                cases+="    <testcase classname=\"llmc.ci.$cell\" name=\"$name\"><skipped message=\"$msg\" /></testcase>"$'\n' ;;
-            *) failures=$((failures + 1))
-                cases+="    <testcase classname=\"llmc.ci.$cell\" name=\"$name\"><failure message=\"$msg\" /></testcase>"$'\n' ;;
-        esac
-    done
-    {
-        echo '<?xml version="1.0" encoding="utf-8"?>'
-        echo "<testsuites name=\"llmc ci\" tests=\"$tests\" failures=\"$failures\" errors=\"0\" skipped=\"$skipped\">"
-        echo "  <testsuite name=\"$cell\" tests=\"$tests\" failures=\"$failures\" errors=\"0\" skipped=\"$skipped\">"
-        echo "    <properties><property name=\"target\" value=\"$target\" /><property name=\"dtype\" value=\"$dtype\" /></properties>"
-        printf '%s' "$cases"
-        echo "  </testsuite>"
-        echo "</testsuites>"
-    } >"$file"
+    "$PY" -m llmc.compiler.report ci-junit "$@"
 }
 
 # llmc's error line from a log, with the first upstream diagnostic after it (iree-compile's

@@ -1,0 +1,286 @@
+"""The one lowering path: exported programs + a resolved target -> MLIR -> .vmfb + .irpa + manifest.
+
+    lowered = lower_module([Entry(exported, "main")], target, dump_ir=...)   # passes + import
+    art = write_artifact(lowered, out_vmfb, source=..., phases=...)         # params, iree-compile, manifest
+
+Every route that compiles goes through these two functions: `llmc compile` (a .pt2 or module, and a
+Llama checkpoint's prefill + decode), `llmc diff` when it compiles, the instrumented module of
+`--per-layer`, and every attempt of `llmc bisect`. So each of them sees exactly the passes, flags and
+parameter handling of the others.
+
+Order inside lower_module (compiler/pipeline.py lists the passes):
+  graph passes on each exported program (decompositions merged into one retrace)
+  -> torch-mlir import of all programs into ONE module with one ParamStore (weights external)
+  -> IR passes -> the MLIR text iree-compile gets.
+write_artifact then writes the parameters, runs iree-compile out of process, and writes the manifest;
+all three files go to temp names and are renamed into place only when all of them exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+import llmc
+from llmc import dtypes
+from llmc.compiler import artifacts, importer, iree, pipeline, targets
+from llmc.compiler.artifacts import Artifact
+from llmc.compiler.export import Exported, is_dynamic
+from llmc.compiler.progress import Phases
+from llmc.errors import UsageError
+
+log = logging.getLogger("llmc")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """What `llmc compile` takes besides the model (the API's keywords and the CLI's flags)."""
+
+    target: str = "cpu"
+    arch: str | None = None
+    dtype: str = "f32"
+    output: Path | None = None
+    dump_ir: Path | None = None
+    repro_dir: Path | None = None
+    extra_iree_flags: tuple[str, ...] = ()
+    quiet: bool = True
+    max_seq_len: int | None = None
+
+    def resolve(self) -> targets.ResolvedTarget:
+        return targets.resolve(self.target, self.arch, self.dtype, extra_flags=tuple(self.extra_iree_flags))
+
+
+@dataclasses.dataclass
+class Entry:
+    """One exported function of the module."""
+
+    exported: Exported
+    function: str
+    tied: dict[int, int] | None = None  # result index -> argument index (iree.abi.tied)
+    logits_output: int | None = None  # the output child that holds logits (for diff's checks)
+
+
+@dataclasses.dataclass
+class Lowered:
+    mlir: str
+    store: importer.ParamStore
+    mutable: list[str]
+    signatures: dict[str, dict]
+    plan: pipeline.Plan
+    target: targets.ResolvedTarget
+
+
+# ---------------------------------------------------------------------------------------------
+# Output paths
+
+
+def output_path(output, default_stem: str, inputs: list[Path] = ()) -> Path:
+    """The .vmfb path to write (NAME.irpa and NAME.json go beside it); checked before any work.
+
+    inputs: files the compile reads. No output may be one of them: `llmc compile config.json` in an
+    HF folder would otherwise write its manifest over the checkpoint's own config.json.
+    """
+    output = Path(output) if output is not None else Path.cwd() / f"{default_stem}.vmfb"
+    if output.suffix != ".vmfb":
+        raise UsageError(f"-o {output}: the output must be a .vmfb path (NAME.irpa and NAME.json go beside it)")
+    if not output.parent.is_dir():
+        raise UsageError(f"-o {output}: output directory {output.parent} does not exist; create it first")
+    if not os.access(output.parent, os.W_OK):
+        raise UsageError(f"-o {output}: output directory {output.parent} is not writable")
+    for out in (output, output.with_suffix(".irpa"), output.with_suffix(".json")):
+        for src in inputs:
+            if out.exists() and src.exists() and os.path.samefile(out, src):
+                raise UsageError(
+                    f"{out} is an input of this compile (the model reads it); writing the artifact there would "
+                    f"destroy it: name the output with -o, e.g. -o {output.parent / ('llmc-' + output.stem)}.vmfb"
+                )
+    return output
+
+
+# ---------------------------------------------------------------------------------------------
+# Lowering
+
+
+def lower_module(
+    entries: list[Entry],
+    target: targets.ResolvedTarget,
+    *,
+    dump_ir=None,
+    phases: Phases | None = None,
+    graph_passes: bool = True,
+    plan: pipeline.Plan | None = None,
+) -> Lowered:
+    """Graph passes, import and IR passes: the MLIR text iree-compile gets, and its parameters.
+
+    graph_passes=False: the programs already went through them (bisect lowers sub-programs of a
+    program it decomposed once). plan: the pass plan, when the caller already ran its source passes.
+    Raises llmc.errors.CompileError (torch-mlir import) or PassError (a pass refused or failed).
+    """
+    phases = phases or Phases(quiet=True)
+    plan = plan or pipeline.build(target)
+    dump = pipeline.Dumper(dump_ir) if dump_ir is not None else None
+    programs = []
+    with phases.phase("graph passes"):
+        for e in entries:
+            program = pipeline.run_graph(plan, e.exported.program, e.function, dump) if graph_passes else e.exported.program
+            programs.append(Exported(program, e.exported.strip_prefix))
+    target = target.for_shapes(any(is_dynamic(p.program) for p in programs))
+    plan.ctx.target = target
+    signatures = {}
+    for e, p in zip(entries, programs):
+        sig = artifacts.entry_signature(p.program, e.function)
+        if e.logits_output is not None:
+            sig["outputs"]["children"][e.logits_output]["role"] = "logits"
+        signatures[e.function] = sig
+    tied = {e.function: e.tied for e in entries if e.tied}
+    with phases.phase("import"):
+        module, store, mutable = importer.import_programs([(p, e.function) for p, e in zip(programs, entries)], tied or None)
+    plan.ctx.params = store
+    with phases.phase("ir passes"):
+        pipeline.run_ir(plan, module, dump)
+        mlir = str(module)
+    return Lowered(mlir, store, mutable, signatures, plan, target)
+
+
+def write_artifact(
+    lowered: Lowered,
+    out_vmfb: Path,
+    *,
+    source: dict,
+    phases: Phases,
+    repro_dir=None,
+    extra_manifest: dict | None = None,
+    params_from: Path | None = None,
+) -> Artifact:
+    """Write the parameters, run iree-compile and write the manifest, all three into place at once.
+
+    params_from: an existing .irpa to run with instead of writing one (per-layer's instrumented module
+    reads the artifact's own weights); it is linked beside the output.
+    """
+    out_vmfb = Path(out_vmfb)
+    name = out_vmfb.stem
+    out_irpa, out_json = out_vmfb.with_suffix(".irpa"), out_vmfb.with_suffix(".json")
+    store, target = lowered.store, lowered.target
+    has_params = bool(store.tensors)
+    partial_vmfb = out_vmfb.with_name(f".{name}.partial.vmfb")
+    tmp_irpa = artifacts.temp_path(out_irpa) if has_params and params_from is None else None
+    manifest_tmp = None
+    try:
+        if tmp_irpa is not None:
+            with phases.phase("write parameters"):
+                store.write_irpa(tmp_irpa)
+        with phases.phase("iree-compile"):
+            run = iree.compile_mlir(
+                lowered.mlir,
+                partial_vmfb,
+                list(target.iree_flags),
+                repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent,
+                target_name=target.name,
+            )
+        with phases.phase("write manifest"):
+            irpa_sha = artifacts.sha256_file(tmp_irpa) if tmp_irpa is not None else None
+            manifest = _manifest(lowered, source, run, irpa_sha, out_irpa if has_params else None, phases)
+            manifest.update(extra_manifest or {})
+            manifest_tmp = artifacts.temp_path(out_json)
+            manifest_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        # All three exist: move them into place (parameters first, manifest last).
+        if tmp_irpa is not None:
+            os.replace(tmp_irpa, out_irpa)
+        elif params_from is not None and has_params:
+            if out_irpa.exists() or out_irpa.is_symlink():
+                out_irpa.unlink()
+            os.symlink(Path(params_from).resolve(), out_irpa)
+        elif out_irpa.exists():
+            out_irpa.unlink()  # a stale archive from an earlier compile would be picked up by load()
+        os.replace(partial_vmfb, out_vmfb)
+        os.replace(manifest_tmp, out_json)
+    finally:
+        for p in (tmp_irpa, partial_vmfb, manifest_tmp):
+            if p is not None and Path(p).exists():
+                Path(p).unlink()
+    log.info("compiled %s in %s", out_vmfb, ", ".join(f"{k} {v:.1f}s" for k, v in phases.timings.items()))
+    return Artifact(out_vmfb, out_irpa if has_params else None, out_json)
+
+
+def target_of(manifest: dict) -> targets.ResolvedTarget:
+    """The resolved target an artifact was compiled for, from its manifest (per-layer recompiles with it)."""
+    t = manifest["target"]
+    base = targets.resolve(t["name"], t["arch"], manifest["dtype"])
+    # The recorded flags win: whatever the manifest lists beyond llmc's own flags is kept as extra.
+    own = {"--iree-input-type=torch", *base.iree_flags, *base.for_shapes(True).iree_flags}
+    extra = tuple(f for f in manifest.get("iree_flags", ()) if f not in own)
+    return dataclasses.replace(base, extra_flags=extra)
+
+
+def runtime_device(caps: targets.TargetCaps) -> str:
+    """The IREE runtime device a target's modules run on by default."""
+    return "local-task" if caps.device == "local" else caps.device
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"llmc": llmc.__version__, "torch": torch.__version__}
+    for pkg in ("iree-base-compiler", "iree-base-runtime", "torch-mlir"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irpa: Path | None, phases: Phases) -> dict:
+    target, store, signatures = lowered.target, lowered.store, lowered.signatures
+    caps = target.caps
+    t = {
+        "name": caps.name,
+        "device": caps.device,
+        "backend": caps.backend,
+        "arch": target.arch,
+        "dtype_mode": caps.dtype_mode(target.dtype),
+        "attention": caps.attention,
+        "extra_iree_flags": list(target.extra_flags),
+    }
+    if caps.backend == "llvm-cpu":
+        t["machine"] = platform.machine()
+        t["cpu"], features = targets.llvm_cpu_features(target.arch)
+        t["cpu_features"] = list(features)
+    params = None
+    if out_irpa is not None:
+        params = {
+            "file": out_irpa.name,
+            "scope": importer.PARAM_SCOPE,
+            "count": len(store.tensors),
+            "bytes": store.nbytes,
+            "sha256": irpa_sha,
+            "mutable_state": lowered.mutable,
+        }
+    wide = ("float64", "complex128")
+    uses_f64 = any(e.get("dtype") in wide for sig in signatures.values() for e in sig["inputs"]) or any(
+        dtypes.name_of(t.dtype) in wide for t in store.tensors.values()
+    )
+    return {
+        "format": "llmc-manifest/1",
+        "versions": _versions(),
+        "source": source,
+        "target": t,
+        "dtype": target.dtype,
+        "f64": "kept (--iree-input-demote-f64-to-f32=false)" if uses_f64 else "not used",
+        "iree_flags": ["--iree-input-type=torch", *target.iree_flags],
+        "passes": lowered.plan.stats(),
+        "passes_skipped": lowered.plan.skipped,
+        "entry_points": signatures,
+        "default_entry": next(iter(signatures)),
+        "runtime_device": runtime_device(caps),
+        "params": params,
+        "compile": {
+            "seconds": {k: round(v, 3) for k, v in phases.timings.items()},
+            "iree_compile_peak_rss_mb": round(run.peak_rss_mb, 1),
+        },
+    }
