@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from llmc import dtypes
 from llmc.compiler import artifacts, diff_inputs, export, pipeline, targets
 from llmc.compiler.bisect_graph import (
     Culprit,
@@ -182,29 +183,90 @@ def bisect(
         if not path.exists():
             raise UsageError(f"{path}: no such file or directory")
         if path.suffix != ".pt2":
-            raise UsageError(f"{path}: llmc bisect takes a torch.export archive (.pt2)")
+            raise UsageError(f"{path}: llmc bisect takes a torch.export archive (.pt2) or a Llama checkpoint (Meta .pth + params.json, or an HF folder)")
         model_name = path.name
         model = export.load_pt2(path)
     out_dir = Path(output_dir) if output_dir is not None else Path.cwd() / f"{Path(model_name).stem}.bisect"
+    _check_out_dir(out_dir)
+    progress = None if quiet else (progress or sys.stderr)
+
+    plan = pipeline.build(probe)
+    exported = export.export_model(model, tuple(example_args), example_kwargs, dtype=dtype,
+                                   source_passes=lambda gm: pipeline.run_source(plan, gm))
+    given = (tuple(example_args), dict(example_kwargs or {})) if example_args or example_kwargs else None
+    return _bisect_program(exported, model_name, probe, plan, given, seed, out_dir, progress, started)
+
+
+def bisect_llm(
+    checkpoint,
+    *,
+    target: str = "cpu",
+    dtype: str = "f32",
+    arch: str | None = None,
+    output_dir=None,
+    seed: int = 0,
+    max_seq_len: int | None = None,
+    quiet: bool = False,
+    progress=None,
+) -> list[BisectReport]:
+    """Bisect each entry point of the module `llmc compile CHECKPOINT` builds (prefill, then decode).
+
+    Each entry point is exported as compiler/llm.py exports it and searched on its own, with its
+    reproducer in OUTPUT_DIR/<entry>. The drift check feeds a seeded random prompt (prefill) and one
+    token against an 8-position prefix of a zero cache (decode).
+    """
+    from llmc.compiler import llm
+
+    probe = targets.resolve(target, arch, dtype)
+    path = Path(checkpoint)
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    name = llm.default_name(path)
+    out_dir = Path(output_dir) if output_dir is not None else Path.cwd() / f"{name}.bisect"
+    _check_out_dir(out_dir)
+    progress = None if quiet else (progress or sys.stderr)
+    llama = llm.load_llama(path)
+    cfg = llama.config
+    max_len = max_seq_len or min(cfg.max_seq_len, 64)
+    if max_len < 10 or max_len > cfg.max_seq_len:
+        raise UsageError(f"--max-seq-len={max_len}: bisect needs 10 to {cfg.max_seq_len} positions")
+    gen = torch.Generator().manual_seed(seed)
+    from llmc.models.llama.model import new_cache
+
+    cache = new_cache(cfg, max_len, dtypes.compute_torch_dtype(dtype))
+    inputs = {
+        "prefill": ((torch.randint(0, cfg.vocab_size, (1, 8), generator=gen), *cache), {}),
+        "decode": ((torch.randint(0, cfg.vocab_size, (1, 1), generator=gen), torch.ones(1, 9, dtype=torch.int64), *cache), {}),
+    }
+    reports = []
+    for entry in llm.export_llm(llama, dtype, max_len):
+        started = time.perf_counter()
+        plan = pipeline.build(probe)
+        reports.append(_bisect_program(entry.exported, f"{path.name}:{entry.function}", probe, plan, inputs[entry.function],
+                                       seed, out_dir / entry.function, progress, started))
+    return reports
+
+
+def _check_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"-o {out_dir}: exists and is not a directory")
     if not out_dir.parent.is_dir():
         raise UsageError(f"-o {out_dir}: parent directory {out_dir.parent} does not exist")
-    progress = None if quiet else (progress or sys.stderr)
 
+
+def _bisect_program(exported, model_name: str, probe, plan, given_inputs, seed: int, out_dir: Path, progress, started: float) -> BisectReport:
+    """The search over one exported program (see the module docstring)."""
     # The search runs over the program after the graph passes (the op set iree-compile sees); each
     # attempt then lowers a sub-program of it through compiler/lower.py without rerunning them.
-    plan = pipeline.build(probe)
-    exported = export.export_model(model, tuple(example_args), example_kwargs, dtype=dtype,
-                                   source_passes=lambda gm: pipeline.run_source(plan, gm))
+    dtype = probe.dtype
     program = pipeline.run_graph(plan, exported.program)
     exported = export.Exported(program, exported.strip_prefix)
     resolved = probe.for_shapes(export.is_dynamic(program))
     runs_here = resolved.caps.runs_here
     inputs = eager = None
     if runs_here:
-        if example_args or example_kwargs:
-            inputs = (tuple(example_args), dict(example_kwargs or {}))
+        if given_inputs is not None:
+            inputs = given_inputs
         else:
             entry = artifacts.entry_signature(program, "main")
             inputs = diff_inputs.random_inputs(entry, seed, diff_inputs.int_high(program))
@@ -346,5 +408,10 @@ def _check(s: Session, report: BisectReport, out_dir: Path, failure: Failure) ->
     report.reproduced = ok
 
 
-def write_json(report: BisectReport, path: Path) -> None:
-    artifacts.write_text_atomic(Path(path), json.dumps(report.as_dict(), indent=2) + "\n")
+def write_json(report: BisectReport | list[BisectReport], path: Path) -> None:
+    """One report (llmc-bisect/1), or one per entry point of a Llama module (llmc-bisect-llm/1)."""
+    if isinstance(report, list):
+        data = {"format": "llmc-bisect-llm/1", "entry_points": [r.as_dict() for r in report]}
+    else:
+        data = report.as_dict()
+    artifacts.write_text_atomic(Path(path), json.dumps(data, indent=2) + "\n")

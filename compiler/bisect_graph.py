@@ -60,6 +60,10 @@ def user_output_nodes(program) -> list[str]:
     ]
 
 
+def _is_assert(n: torch.fx.Node) -> bool:
+    return n.op == "call_function" and str(n.target).startswith("aten._assert")
+
+
 def subprogram(ep: torch.export.ExportedProgram, outputs: list[torch.fx.Node]) -> torch.export.ExportedProgram:
     """`ep` cut so that it returns exactly `outputs` (as a tuple), everything else dead-code-eliminated.
 
@@ -73,7 +77,10 @@ def subprogram(ep: torch.export.ExportedProgram, outputs: list[torch.fx.Node]) -
     g = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for n in ep.graph.nodes:
-        if n.op == "output":
+        if n.op == "output" or _is_assert(n):
+            # torch.export's metadata asserts (`_assert_tensor_metadata`, `_assert_scalar`) return
+            # nothing, but dead-code elimination keeps them (side effects) and with them every
+            # value they check: a prefix would then keep the whole graph.
             continue
         env[n] = g.node_copy(n, lambda a: env[a])
     new_outs = [env[n] for n in outputs]

@@ -111,10 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(repro.mlir, repro.py, command.sh) into OUTDIR. Exit 0: compiles and matches; 1: failure found and "
         "reported; 2: bad usage or input.",
     )
-    b.add_argument("model", help="a torch.export archive (.pt2)")
+    b.add_argument("model", help="a torch.export archive (.pt2), or a Llama checkpoint (each entry point, prefill and decode, is bisected)")
     _add_target_options(b)
     b.add_argument("-o", "--output", default=None, metavar="OUTDIR", help="reproducer folder (default ./MODEL_STEM.bisect)")
     b.add_argument("--seed", type=int, default=0, help="seed for the random inputs of the drift check (default 0)")
+    b.add_argument("--max-seq-len", type=int, default=None, metavar="N", help="Llama checkpoints: KV-cache length of the bisected module (default min(64, the model's context))")
     b.add_argument("--json", default=None, metavar="REPORT.json", help="also write the report as JSON (format llmc-bisect/1)")
     _add_common(b)
     return parser
@@ -321,8 +322,20 @@ def cmd_bisect(args) -> int:
         raise UsageError(f"{args.model}: no such file or directory")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise UsageError(f"--json {args.json}: directory {Path(args.json).resolve().parent} does not exist")
-    from llmc.compiler import bisect
+    from llmc.compiler import bisect, llm
 
+    if Path(args.model).suffix != ".pt2" and llm.is_llama_checkpoint(Path(args.model)):
+        results = bisect.bisect_llm(
+            Path(args.model), target=args.target, dtype=args.dtype, arch=args.arch, output_dir=args.output,
+            seed=args.seed, max_seq_len=args.max_seq_len,
+        )
+        for r in results:
+            print(r.summary())
+        if args.json:
+            bisect.write_json(results, Path(args.json))
+        return max(r.exit_code for r in results)
+    if args.max_seq_len is not None:
+        raise UsageError(f"--max-seq-len applies to Llama checkpoints; {args.model} is not one")
     result = bisect.bisect(
         Path(args.model),  # bisect validates the path, target, dtype and output folder before any work
         target=args.target,

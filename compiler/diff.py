@@ -18,7 +18,6 @@ from llmc.compiler.diff_inputs import int_high, load_inputs, random_inputs, shap
 from llmc.compiler.diff_metrics import (
     DEFAULT_TOP_K,
     TOLERANCES,
-    describe,
     diff_outputs,
     logits_outputs,
     parse_tolerance,
@@ -122,7 +121,7 @@ def _run(o: DiffOptions) -> DiffOutcome:
     import tempfile
     import time
 
-    from llmc.compiler import artifacts, report
+    from llmc.compiler import artifacts, per_layer, report
     from llmc.runtime import load
 
     overrides = _check_options(o)
@@ -184,8 +183,6 @@ def _run(o: DiffOptions) -> DiffOutcome:
 
         pl = None
         if o.per_layer or o.per_layer_depth is not None:
-            from llmc.compiler import per_layer
-
             pl = per_layer.localise(
                 ep, mod, args, kwargs, tol, depth=o.per_layer_depth, workdir=scratch(), repro_dir=repro_dir, quiet=not o.verbose
             )
@@ -193,7 +190,7 @@ def _run(o: DiffOptions) -> DiffOutcome:
     passed = all(r.passed for r in results)
     lines = [result_line(r) for r in results]
     if pl is not None:
-        lines.extend(_per_layer_lines(pl, o.verbose))
+        lines.extend(per_layer.summary_lines(pl, o.verbose))
     n_fail = sum(not r.passed for r in results)
     if passed:
         summary = f"PASS: {len(results)} output(s), tolerance profile {profile}" + (f", worst {bad.name}" if bad else "")
@@ -210,18 +207,3 @@ def _run(o: DiffOptions) -> DiffOutcome:
         entries=entries,
     )
     return DiffOutcome(passed, rep, lines)
-
-
-def _per_layer_lines(pl, verbose: bool) -> list[str]:
-    depth = "every depth" if pl.depth is None else f"depth <= {pl.depth}"
-    lines = [f"per-layer: {len(pl.modules)} module output(s) compared ({depth}), compiled with {pl.params or 'no parameters'}"]
-    for m in pl.modules if verbose else []:
-        d = m.diff
-        lines.append(f"  {'ok  ' if d.passed else 'FAIL'} {m.probe.module} ({m.probe.type.rsplit('.', 1)[-1]}): {describe(d)}")
-    if pl.first is None:
-        lines.append("per-layer: no module output over tolerance")
-    else:
-        p, d = pl.first.probe, pl.first.diff
-        where = f" at {p.source}: {p.code}" if p.source else ""
-        lines.append(f"per-layer: first divergence: {p.module} ({p.type.rsplit('.', 1)[-1]}): {d.reason}{where}")
-    return lines

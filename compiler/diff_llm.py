@@ -34,8 +34,6 @@ def run(o, overrides: dict):
 
     if o.inputs is not None:
         raise UsageError("--inputs: language-model diffs use a seeded prompt (--seed, --seq); .npz inputs are for .pt2 models")
-    if o.per_layer or o.per_layer_depth is not None:
-        raise UsageError("--per-layer: not available for language-model checkpoints yet; diff a .pt2 export of the model instead")
     steps = DEFAULT_STEPS if o.steps is None else o.steps
     if steps < 0:
         raise UsageError(f"--steps {steps}: must be >= 0")
@@ -83,6 +81,11 @@ def run(o, overrides: dict):
         results.append(diff_metrics.compare("prefill.logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
         ref_cache, got_cache = ref[1:], got[1:]
         n = prompt.shape[1]
+        # --per-layer localises both entry points on eager's inputs: the prompt, and the first decode
+        # step after eager's prefill (teacher forcing, as the logits comparison does).
+        per_layer_inputs = {"prefill": (prompt, *new_cache(cfg, max_len, tdt))}
+        tok0 = ref[0][0, -1].float().argmax().item()
+        per_layer_inputs["decode"] = (torch.tensor([[tok0]]), torch.ones(1, n + 1, dtype=torch.int64), *ref_cache)
         for i in range(steps):
             tok = ref[0][0, -1].float().argmax().item()
             agree.append(tok == got[0][0, -1].float().argmax().item())
@@ -94,6 +97,17 @@ def run(o, overrides: dict):
             results.append(diff_metrics.compare(f"decode[{i}].logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
             ref_cache, got_cache = ref[1:], got[1:]
         seconds = time.perf_counter() - start
+        located = {}
+        if o.per_layer or o.per_layer_depth is not None:
+            from llmc.compiler import per_layer
+
+            for entry in llm.export_llm(llama, dtype, max_len):
+                workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llmc-per-layer-")))
+                located[entry.function] = per_layer.localise(
+                    entry.exported.program, mod, per_layer_inputs[entry.function], {}, tol, depth=o.per_layer_depth,
+                    workdir=workdir, repro_dir=o.repro_dir or Path.cwd(), quiet=not o.verbose,
+                    strip_prefix=entry.exported.strip_prefix,
+                )
 
     bad = diff_metrics.worst(results)
     passed = all(r.passed for r in results)
@@ -104,8 +118,16 @@ def run(o, overrides: dict):
         summary = f"PASS: prompt of {prompt.shape[1]} + {steps} decode steps, {len(results)} logits outputs, tolerance profile {profile}"
     else:
         summary = f"FAIL: {n_fail} of {len(results)} logits outputs over tolerance (profile {profile}); worst {bad.name}: {bad.reason}"
+    for name, pl in located.items():
+        lines.extend(per_layer.summary_lines(pl, o.verbose, label=f"per-layer {name}"))
+        if not passed:
+            summary += f"; {name}: first divergent module " + (pl.first.probe.module if pl.first else "none")
     lines.append(summary)
     entries = [report.entry_record("prefill+decode", results, bad, seconds, None)]
+    # One report entry per localised entry point: its logits output and its module outputs.
+    firsts = {"prefill": results[:1], "decode": results[1:2]}
+    for name, pl in located.items():
+        entries.append(report.entry_record(f"{name} (per-layer)", firsts[name], diff_metrics.worst(firsts[name]), pl.compile_seconds, pl))
     rep = report.build_report(
         summary=summary, model=str(o.model), artifact=str(vmfb), compiled_by_diff=o.artifact is None, manifest=manifest,
         profile=profile, tolerance=tol, overrides=overrides,

@@ -25,22 +25,14 @@ from pathlib import Path
 
 import torch
 
+from llmc import dtypes
 from llmc.errors import CompileError
 
 PARAM_SCOPE = "model"
 
-# Element types we externalize; bool and complex tensors stay inline (rare and tiny in practice).
-_EXTERNAL_DTYPES = {
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.float64,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-}
+# Element types we externalize: every float and integer type of the dtype table, fp8 included (an f8
+# constant can't be serialized into a vmfb at all). bool and complex tensors stay inline (rare, tiny).
+_EXTERNAL_DTYPES = {e.torch for e in dtypes.ELEMENT_TYPES.values() if e.name not in ("bool", "complex64", "complex128")}
 
 
 class ParamStore:
@@ -176,17 +168,7 @@ class _FileBacking:
 
 
 def _builtin_tensor_type(ir, t_shape, dtype: torch.dtype):
-    elem = {
-        torch.float32: ir.F32Type.get(),
-        torch.float16: ir.F16Type.get(),
-        torch.bfloat16: ir.BF16Type.get(),
-        torch.float64: ir.F64Type.get(),
-        torch.int64: ir.IntegerType.get_signless(64),
-        torch.int32: ir.IntegerType.get_signless(32),
-        torch.int16: ir.IntegerType.get_signless(16),
-        torch.int8: ir.IntegerType.get_signless(8),
-        torch.uint8: ir.IntegerType.get_signless(8),
-    }[dtype]
+    elem = ir.Type.parse(dtypes.of_torch(dtype).builtin)
     return ir.RankedTensorType.get(list(t_shape), elem)
 
 

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
-import llmc
 from llmc import dtypes
 from llmc.compiler import artifacts, importer, iree, pipeline, targets
 from llmc.compiler.artifacts import Artifact
 from llmc.compiler.export import Exported, is_dynamic
 from llmc.compiler.progress import Phases
 from llmc.errors import UsageError
+from llmc.version import __version__
 
 log = logging.getLogger("llmc")
 
@@ -226,7 +226,7 @@ def runtime_device(caps: targets.TargetCaps) -> str:
 def _versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {"llmc": llmc.__version__, "torch": torch.__version__}
+    out = {"llmc": __version__, "torch": torch.__version__}
     for pkg in ("iree-base-compiler", "iree-base-runtime", "torch-mlir"):
         try:
             out[pkg] = version(pkg)

@@ -232,17 +232,25 @@ def _check_params(store, irpa: Path | None, artifact: Path) -> None:
             )
 
 
-def compile_instrumented(inst: torch.export.ExportedProgram, artifact_module, out_vmfb: Path, *, repro_dir: Path) -> None:
+def compile_instrumented(
+    inst: torch.export.ExportedProgram, artifact_module, out_vmfb: Path, *, repro_dir: Path, strip_prefix: str | None = None
+) -> None:
     """Compile `inst` as the artifact was compiled (target, arch, dtype, passes, IREE flags from its
     manifest), through compiler/lower.py like every compile.
 
     The weights are not written: the module runs with the artifact's .irpa (linked beside it), which
     must hold every parameter the model has, with the same size (checked before iree-compile runs).
+    strip_prefix: `inst` is already in the artifact's dtype (a Llama entry point exported by
+    compiler/llm.py), its parameter names carry this wrapper prefix; None: a user's f32 program,
+    converted as `llmc compile` converts it.
     """
     manifest = artifact_module.manifest
     target = lower.target_of(manifest)
     plan = pipeline.build(target)
-    exported = export.export_model(inst, dtype=target.dtype, source_passes=lambda gm: pipeline.run_source(plan, gm))
+    if strip_prefix is not None:
+        exported = export.Exported(inst, strip_prefix)
+    else:
+        exported = export.export_model(inst, dtype=target.dtype, source_passes=lambda gm: pipeline.run_source(plan, gm))
     lowered = lower.lower_module([lower.Entry(exported, "main")], target, plan=plan)
     _check_params(lowered.store, artifact_module.params, artifact_module.vmfb)
     lower.write_artifact(
@@ -262,11 +270,18 @@ def localise(
     workdir: Path,
     repro_dir: Path,
     quiet: bool = True,
+    strip_prefix: str | None = None,
 ) -> PerLayerResult:
-    """Compare every probed module output of the compiled model (artifact weights) with eager."""
+    """Compare every probed module output of the compiled model (artifact weights) with eager.
+
+    strip_prefix: as compile_instrumented's; module names are shown without it (`model.layers.1.mlp`).
+    """
     from llmc.runtime import load
 
     probes = select_probes(ep, depth)
+    if strip_prefix:
+        for p in probes:
+            p.module = p.module.removeprefix(strip_prefix)
     if not probes:
         return PerLayerResult(depth, [], None, 0.0, None)
     unique = list(dict.fromkeys(p.node for p in probes))
@@ -276,11 +291,12 @@ def localise(
     start = time.perf_counter()
     vmfb = workdir / "instrumented.vmfb"
     with Phases(quiet=quiet).phase("per-layer: compile the instrumented module"):
-        compile_instrumented(inst, artifact_module, vmfb, repro_dir=repro_dir)
+        compile_instrumented(inst, artifact_module, vmfb, repro_dir=repro_dir, strip_prefix=strip_prefix)
     seconds = time.perf_counter() - start
     irpa = artifact_module.params
     got = diff_metrics.tensor_leaves(load(vmfb)(*args, **kwargs))[-len(unique):]
-    ref = diff_metrics.tensor_leaves(diff_eager.run_eager(diff_eager.eager_reference(inst, manifest["dtype"]), args, kwargs))[-len(unique):]
+    eager = diff_eager.eager_reference(inst, manifest["dtype"]) if strip_prefix is None else inst.module()
+    ref = diff_metrics.tensor_leaves(diff_eager.run_eager(eager, args, kwargs))[-len(unique):]
     values = {name: (g, r) for name, g, r in zip(unique, got, ref)}
 
     modules = []
@@ -289,3 +305,19 @@ def localise(
         modules.append(ModuleDiff(p, diff_metrics.compare(p.module, g, r, tol)))
     first = next((m for m in modules if not m.diff.passed), None)
     return PerLayerResult(depth, modules, first, seconds, str(irpa) if irpa else None)
+
+
+def summary_lines(pl: PerLayerResult, verbose: bool, label: str = "per-layer") -> list[str]:
+    """What `llmc diff --per-layer` prints: the count compared, every module (verbose), the first divergence."""
+    depth = "every depth" if pl.depth is None else f"depth <= {pl.depth}"
+    lines = [f"{label}: {len(pl.modules)} module output(s) compared ({depth}), compiled with {pl.params or 'no parameters'}"]
+    for m in pl.modules if verbose else []:
+        d = m.diff
+        lines.append(f"  {'ok  ' if d.passed else 'FAIL'} {m.probe.module} ({m.probe.type.rsplit('.', 1)[-1]}): {diff_metrics.describe(d)}")
+    if pl.first is None:
+        lines.append(f"{label}: no module output over tolerance")
+    else:
+        p, d = pl.first.probe, pl.first.diff
+        where = f" at {p.source}: {p.code}" if p.source else ""
+        lines.append(f"{label}: first divergence: {p.module} ({p.type.rsplit('.', 1)[-1]}): {d.reason}{where}")
+    return lines

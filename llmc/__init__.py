@@ -8,7 +8,7 @@ Attributes are resolved lazily so that `import llmc.runtime` (deployment) never 
 torch-mlir or the IREE compiler.
 """
 
-__version__ = "0.1.0"
+from llmc.version import __version__
 
 __all__ = ["compile", "load", "Artifact", "LlmcError", "__version__"]
 

@@ -273,7 +273,6 @@ def test_llm_only_options_are_refused_with_one_line(checkpoints, compiled, plain
         (("run", compiled["hf"].vmfb, "--prompt-ids", "1,,2"), "expected comma-separated integers"),
         (("diff", pt2, plain.vmfb, "--steps", "3"), "--steps: applies to language-model checkpoints"),
         (("diff", root / "hf", compiled["hf"].vmfb, "--inputs", np_inputs), "--inputs: language-model diffs use a seeded prompt"),
-        (("diff", root / "hf", compiled["hf"].vmfb, "--per-layer"), "--per-layer: not available for language-model checkpoints"),
         (("diff", root / "hf", plain.vmfb), "is not a language-model module"),
         (("diff", tmp_path / "other-config", compiled["hf"].vmfb), "compiled from a different config"),
         (("diff", root / "hf", compiled["hf"].vmfb, "--seq", "1"), "--seq 1: the prompt needs at least 2 tokens"),

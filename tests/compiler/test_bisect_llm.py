@@ -1,0 +1,54 @@
+"""`llmc bisect CHECKPOINT`: each entry point of the Llama module (prefill, decode) is bisected on its
+own, through the same export and lowering as `llmc compile CHECKPOINT`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmc.compiler import bisect, cli, iree
+from llmc.errors import CompileError
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bisect-llm") / "tiny"
+    subprocess.run([sys.executable, "tools/make_checkpoint.py", "--config", "tiny", "--format", "hf", "--out", str(out)],
+                   check=True, capture_output=True, cwd=Path(__file__).resolve().parents[2])
+    return out
+
+
+def test_clean_checkpoint_is_ok_for_both_entry_points(checkpoint, tmp_path, capsys):
+    code = cli.main(["bisect", str(checkpoint), "-o", str(tmp_path / "out"), "--json", str(tmp_path / "r.json"), "--max-seq-len", "32"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["format"] == "llmc-bisect-llm/1"
+    assert [r["model"] for r in rep["entry_points"]] == ["tiny:prefill", "tiny:decode"]
+    for r in rep["entry_points"]:
+        assert r["status"] == "ok" and r["compared_with_eager"] and r["ops_total"] > 20 and r["compile_attempts"] == 1
+    assert out.count("ok: tiny:") == 2
+
+
+def test_a_failing_op_in_decode_is_localised(checkpoint, tmp_path, monkeypatch):
+    # Stand-in for an IREE crash: iree-compile "fails" on any module holding an rsqrt (RMSNorm), but
+    # only for the decode function. The search must find the first rsqrt, in layer 0's input norm.
+    real = iree.compile_mlir
+
+    def flaky(mlir, output, flags, **kw):
+        if "torch.aten.rsqrt" in mlir and "!torch.vtensor<[1,1,64],f32>" in mlir:
+            raise CompileError("iree-compile exited with code 1", diagnostics="input.mlir:3:5: error: simulated crash in rsqrt\n")
+        return real(mlir, output, flags, **kw)
+
+    monkeypatch.setattr(iree, "compile_mlir", flaky)
+    reports = bisect.bisect_llm(checkpoint, output_dir=tmp_path / "out", max_seq_len=32, quiet=True)
+    prefill, decode = reports
+    assert decode.status == "compile-error" and decode.culprit is not None
+    assert decode.culprit.op == "aten.rsqrt.default"
+    assert decode.culprit.module_path == "model.layers.0.input_layernorm"
+    assert (tmp_path / "out" / "decode" / "repro.mlir").exists()
+    assert decode.exit_code == 1

@@ -1,0 +1,72 @@
+"""`llmc diff CHECKPOINT ARTIFACT --per-layer` for Llama checkpoints: the artifact was compiled from a
+copy of the checkpoint whose `model.layers.1.mlp.down_proj` weight differs; diffed against the
+unperturbed checkpoint, both entry points blame that module: the prefill (on the prompt) and a decode
+step (on eager's cache after the prefill). A clean artifact blames nothing.
+Tolerances: the f32 profile (llmc.compiler.diff_metrics.TOLERANCES: max_rel 1e-5, cosine 0.99999).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import llmc
+from llmc.compiler import cli, llm
+
+PERTURBED = "model.layers.1.mlp.down_proj"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pl-llm")
+    ck = root / "tiny"
+    subprocess.run([sys.executable, "tools/make_checkpoint.py", "--config", "tiny", "--format", "meta", "--out", str(ck)],
+                   check=True, capture_output=True, cwd=Path(__file__).resolve().parents[2])
+    clean = llmc.compile(ck, output=root / "clean.vmfb", max_seq_len=32)
+    model = llm.load_llama(ck)
+    w = getattr(model.model.layers[1].mlp.down_proj, "weight")
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight = torch.nn.Parameter(
+            w + 0.05 * torch.randn(w.shape, generator=torch.Generator().manual_seed(3)), requires_grad=False)
+    perturbed = llmc.compile(model, output=root / "perturbed.vmfb", max_seq_len=32)
+    return ck, clean, perturbed
+
+
+def _diff(ck, art, tmp_path, *extra):
+    rep = tmp_path / "r.json"
+    code = cli.main(["diff", str(ck), str(art.vmfb), "--steps", "2", "--per-layer", "--json", str(rep), *extra])
+    return code, json.loads(rep.read_text())
+
+
+def test_perturbed_layer_is_blamed_in_prefill_and_decode(built, tmp_path, capsys):
+    ck, _, perturbed = built
+    code, rep = _diff(ck, perturbed, tmp_path)
+    out = capsys.readouterr().out
+    assert code == 1
+    located = {e["name"]: e["per_layer"] for e in rep["entry_points"] if e["per_layer"]}
+    assert set(located) == {"prefill (per-layer)", "decode (per-layer)"}
+    for name, pl in located.items():
+        first = pl["first_divergence"]
+        assert first is not None and first["module"] == PERTURBED, (name, first)
+        assert first["type"].endswith("Linear")
+        # every module before it in the graph matched eager
+        before = [m for m in pl["modules"] if m["module"] != PERTURBED][: [m["module"] for m in pl["modules"]].index(PERTURBED)]
+        assert all(m["passed"] for m in before), name
+    assert f"per-layer prefill: first divergence: {PERTURBED}" in out
+    assert f"per-layer decode: first divergence: {PERTURBED}" in out
+
+
+def test_clean_artifact_blames_nothing(built, tmp_path, capsys):
+    ck, clean, _ = built
+    code, rep = _diff(ck, clean, tmp_path, "--per-layer-depth", "2")
+    assert code == 0, capsys.readouterr()
+    located = [e["per_layer"] for e in rep["entry_points"] if e["per_layer"]]
+    assert len(located) == 2
+    for pl in located:
+        assert pl["first_divergence"] is None and pl["modules"] and all(m["passed"] for m in pl["modules"])
+        assert all(m["level"] <= 2 for m in pl["modules"])
