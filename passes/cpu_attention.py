@@ -58,7 +58,10 @@ def decode_attention(q, k, v, attn_mask=None, scale=None):
     qg = q.reshape(b, hk, g, 1, d).float()
     scores = (qg * k.float().unsqueeze(2)).sum(-1) * scale  # [B, Hk, G, L]
     if attn_mask is not None:
-        mask = attn_mask.expand(b, hq, 1, length).reshape(b, hk, g, length)
+        if attn_mask.dim() == 4 and attn_mask.shape[1] == 1 and attn_mask.shape[2] == 1:
+            mask = attn_mask  # [B or 1, 1, 1, L] broadcasts over [B, Hk, G, L] as it is: no copy
+        else:
+            mask = attn_mask.expand(b, hq, 1, length).reshape(b, hk, g, length)
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(mask.logical_not(), float("-inf"))
         else:
