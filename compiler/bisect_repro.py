@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from llmc import dtypes
 from llmc.compiler import diff_metrics, iree
 from llmc.compiler.bisect_graph import Culprit
 from llmc.compiler.bisect_session import Failure, error_signature, error_signature_all
@@ -133,7 +134,7 @@ sys.exit(1 if failed else 0)
 
 
 def _npy_ok(t: torch.Tensor) -> bool:
-    return t.dtype in (torch.float32, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+    return dtypes.of_torch(t.dtype).plain_numpy and not t.dtype.is_complex
 
 
 def write_reproducer(

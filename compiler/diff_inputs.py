@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from llmc import dtypes
 from llmc.errors import UsageError
 
 
@@ -82,8 +83,6 @@ def load_inputs(path: Path, entry: dict, aliases: dict | None = None) -> tuple[t
     constant inputs (folded at compile time) take their compiled value and must not be given.
     Raises UsageError naming the file and the key.
     """
-    import ml_dtypes
-
     where = f"--inputs {path}"
     if not path.exists():
         raise UsageError(f"{where}: no such file")
@@ -130,16 +129,13 @@ def load_inputs(path: Path, entry: dict, aliases: dict | None = None) -> tuple[t
             leaves.append((e["path"], e["value"]))
             continue
         key, arr = given[e["path"]]
-        if e["dtype"] == "bfloat16" and arr.dtype.kind == "V" and arr.dtype.itemsize == 2:
-            arr = arr.view(ml_dtypes.bfloat16)  # numpy stores ml_dtypes' bfloat16 as raw 2-byte voids
-        got_dtype = "bfloat16" if arr.dtype == ml_dtypes.bfloat16 else str(arr.dtype)
+        want = dtypes.ELEMENT_TYPES.get(e["dtype"])
+        if want is not None and not want.plain_numpy and arr.dtype.kind == "V" and arr.dtype.itemsize == want.itemsize:
+            arr = arr.view(want.numpy)  # numpy stores ml_dtypes' bf16/fp8 as raw voids in .npz files
+        got_dtype = dtypes.numpy_name(arr)
         if got_dtype != e["dtype"]:
             raise UsageError(f"{where}: key {key!r} is {got_dtype}, the module takes {e['dtype']}; save it with .astype(numpy.{e['dtype']})")
         if not _shape_ok(list(arr.shape), e["shape"]):
             raise UsageError(f"{where}: key {key!r} has shape {list(arr.shape)}, the module takes {shape_text(e['shape'])}")
-        if got_dtype == "bfloat16":
-            t = torch.from_numpy(np.ascontiguousarray(arr).view(np.int16)).view(torch.bfloat16)
-        else:
-            t = torch.from_numpy(np.array(arr))
-        leaves.append((e["path"], t))
+        leaves.append((e["path"], dtypes.to_torch(arr)))
     return _rebuild(leaves)

@@ -33,10 +33,17 @@ class ElementType:
     itemsize: int
     numpy_name: str  # numpy or ml_dtypes dtype name
     floating: bool
+    safetensors: str  # the safetensors header's dtype code
 
     @property
     def numpy(self) -> np.dtype:
         return _numpy_dtype(self.numpy_name)
+
+    @property
+    def plain_numpy(self) -> bool:
+        """numpy itself has the type (so .npy files and iree-run-module's --input carry it); bf16 and fp8
+        need ml_dtypes."""
+        return hasattr(np, self.numpy_name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,29 +55,29 @@ def _numpy_dtype(name: str) -> np.dtype:
     return np.dtype(getattr(ml_dtypes, name))
 
 
-def _e(name, mlir, itemsize, numpy_name=None, builtin=None, floating=True):
-    return ElementType(name, getattr(torch, name), mlir, builtin or mlir, itemsize, numpy_name or name, floating)
+def _e(name, mlir, itemsize, st, numpy_name=None, builtin=None, floating=True):
+    return ElementType(name, getattr(torch, name), mlir, builtin or mlir, itemsize, numpy_name or name, floating, st)
 
 
 ELEMENT_TYPES: dict[str, ElementType] = {
     e.name: e
     for e in (
-        _e("float64", "f64", 8),
-        _e("float32", "f32", 4),
-        _e("float16", "f16", 2),
-        _e("bfloat16", "bf16", 2),
+        _e("float64", "f64", 8, "F64"),
+        _e("float32", "f32", 4, "F32"),
+        _e("float16", "f16", 2, "F16"),
+        _e("bfloat16", "bf16", 2, "BF16"),
         # fp8: E4M3FN (OCP, max 448) and E4M3FNUZ (AMD MI300's, max 240, bias 8), E5M2 (gradients, KV).
-        _e("float8_e4m3fn", "f8E4M3FN", 1),
-        _e("float8_e4m3fnuz", "f8E4M3FNUZ", 1),
-        _e("float8_e5m2", "f8E5M2", 1),
-        _e("int64", "si64", 8, builtin="i64", floating=False),
-        _e("int32", "si32", 4, builtin="i32", floating=False),
-        _e("int16", "si16", 2, builtin="i16", floating=False),
-        _e("int8", "si8", 1, builtin="i8", floating=False),
-        _e("uint8", "ui8", 1, builtin="i8", floating=False),
-        _e("bool", "i1", 1, numpy_name="bool_", floating=False),
-        _e("complex64", "complex<f32>", 8, floating=False),
-        _e("complex128", "complex<f64>", 16, floating=False),
+        _e("float8_e4m3fn", "f8E4M3FN", 1, "F8_E4M3"),
+        _e("float8_e4m3fnuz", "f8E4M3FNUZ", 1, "F8_E4M3FNUZ"),
+        _e("float8_e5m2", "f8E5M2", 1, "F8_E5M2"),
+        _e("int64", "si64", 8, "I64", builtin="i64", floating=False),
+        _e("int32", "si32", 4, "I32", builtin="i32", floating=False),
+        _e("int16", "si16", 2, "I16", builtin="i16", floating=False),
+        _e("int8", "si8", 1, "I8", builtin="i8", floating=False),
+        _e("uint8", "ui8", 1, "U8", builtin="i8", floating=False),
+        _e("bool", "i1", 1, "BOOL", numpy_name="bool_", floating=False),
+        _e("complex64", "complex<f32>", 8, "C64", floating=False),
+        _e("complex128", "complex<f64>", 16, "C128", floating=False),
     )
 }
 
@@ -111,3 +118,33 @@ def of_numpy(arr_dtype: np.dtype) -> ElementType | None:
         if e.numpy == arr_dtype:
             return e
     return None
+
+
+def _same_size_int(itemsize: int):
+    return {1: (np.uint8, torch.uint8), 2: (np.int16, torch.int16)}[itemsize]
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU numpy view of a tensor; bf16/fp8 become ml_dtypes arrays (torch can't hand those to numpy)."""
+    t = t.detach().cpu().contiguous()
+    e = of_torch(t.dtype)
+    if e.plain_numpy:
+        return t.numpy()
+    np_int, torch_int = _same_size_int(e.itemsize)
+    return t.view(torch_int).numpy().view(e.numpy)
+
+
+def numpy_name(arr: np.ndarray) -> str:
+    """The manifest's dtype name of a numpy array (ml_dtypes' bf16/fp8 included), or numpy's own name."""
+    e = of_numpy(arr.dtype)
+    return e.name if e is not None else str(arr.dtype)
+
+
+def to_torch(arr: np.ndarray, copy: bool = True) -> torch.Tensor:
+    """A tensor from a numpy array (ml_dtypes' bf16/fp8 included); a copy unless copy=False."""
+    e = of_numpy(arr.dtype)
+    if e is None or e.plain_numpy:
+        return torch.from_numpy(np.array(arr) if copy else np.asarray(arr))
+    np_int, torch_int = _same_size_int(e.itemsize)
+    raw = np.ascontiguousarray(arr).view(np_int)
+    return torch.from_numpy(raw.copy() if copy else raw).view(e.torch)

@@ -129,13 +129,10 @@ class EntryPoint:
 
         if isinstance(v, torch.Tensor):
             dtype_name = str(v.dtype).removeprefix("torch.")
-            if v.dtype == torch.bfloat16:
-                arr = v.detach().cpu().contiguous().view(torch.int16).numpy().view(dtypes.by_name("bfloat16").numpy)
-            else:
-                arr = v.detach().cpu().contiguous().numpy()
+            arr = dtypes.to_numpy(v)
         elif isinstance(v, np.ndarray) or np.isscalar(v):
             arr = np.ascontiguousarray(v)
-            dtype_name = "bfloat16" if arr.dtype == dtypes.by_name("bfloat16").numpy else str(arr.dtype)
+            dtype_name = dtypes.numpy_name(arr)
         else:
             raise InputError(f"{where}: expected a torch tensor or numpy array, got {type(v).__name__}")
         if dtype_name != e["dtype"]:
@@ -243,15 +240,11 @@ class Module:
         return self._vm
 
     def _unflatten(self, structure: dict, values: list):
-        import torch
-
         it = iter(values)
 
         def to_torch(v):
             arr = v.to_host() if hasattr(v, "to_host") else np.asarray(v)
-            if arr.dtype == dtypes.by_name("bfloat16").numpy:
-                return torch.from_numpy(np.ascontiguousarray(arr).view(np.int16)).view(torch.bfloat16)
-            return torch.from_numpy(np.array(arr))  # a copy: device memory is not ours to keep
+            return dtypes.to_torch(arr)  # a copy: device memory is not ours to keep
 
         def build(s):
             kind = s["type"]

@@ -30,10 +30,11 @@ PROMPT = [1, 77, 300, 5, 42, 9, 256, 13]
 
 
 def eager_greedy(ckpt: Path, n: int, dtype: str) -> tuple[list[int], str]:
+    from llmc import dtypes
     from llmc.models.llama.loaders import load_checkpoint
     from llmc.models.llama.model import Llama
 
-    tdt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    tdt = dtypes.compute_torch_dtype(dtype)
     config, state = load_checkpoint(ckpt)
     try:
         import transformers

@@ -40,13 +40,13 @@ from pathlib import Path
 
 import torch
 
+from llmc import dtypes
 from llmc.errors import LlmcError, UsageError
 from llmc.models.llama.config import CONFIGS, LlamaConfig, get_config
 from llmc.models.llama.loaders import DTYPES, hf_to_meta_name, hf_to_meta_rotary, llama_param_shapes
 
 FORMATS = ("meta", "hf")
-_ST_DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
-_HF_DTYPE = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what --dtype offers
 _BLOCK = 1 << 24  # elements generated per randn call (64 MB of f32 scratch)
 _WRITE_CHUNK = 1 << 28  # bytes per write call (Linux writes at most ~2 GB at once)
 
@@ -94,7 +94,7 @@ def write_checkpoint(config: LlamaConfig | str, fmt: str, out_dir, dtype="bf16",
     if fmt not in FORMATS:
         raise UsageError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
     dt = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(str(dtype).lower())
-    if dt not in _ST_DTYPE:
+    if dt not in _WEIGHT_DTYPES:
         raise UsageError(f"dtype {dtype!r} is not one of f32, f16, bf16")
     if not shard_size_gb > 0:
         raise UsageError(f"shard size {shard_size_gb} GB must be positive")
@@ -148,7 +148,7 @@ def _write_hf(config: LlamaConfig, dtype: torch.dtype, seed: int, folder: Path, 
         header: dict = {"__metadata__": {"format": "pt"}}
         offset = 0
         for n in members:
-            header[n] = {"dtype": _ST_DTYPE[dtype], "shape": list(shapes[n]), "data_offsets": [offset, offset + sizes[n]]}
+            header[n] = {"dtype": dtypes.of_torch(dtype).safetensors, "shape": list(shapes[n]), "data_offsets": [offset, offset + sizes[n]]}
             offset += sizes[n]
         blob = json.dumps(header, separators=(",", ":")).encode()
         blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned
@@ -163,7 +163,7 @@ def _write_hf(config: LlamaConfig, dtype: torch.dtype, seed: int, folder: Path, 
                 del t
 
     cfg = config.to_hf_config()
-    cfg["torch_dtype"] = _HF_DTYPE[dtype]
+    cfg["torch_dtype"] = dtypes.name_of(dtype)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(sizes.values())},
@@ -269,7 +269,7 @@ class _Progress:
         self.n = self.b = 0
         self.t0 = self.last = time.monotonic()
         if enabled:
-            print(f"make_checkpoint: {config.name} ({self.total_n} tensors, {self.total_b / 1e9:.2f} GB {_HF_DTYPE[dtype]}) "
+            print(f"make_checkpoint: {config.name} ({self.total_n} tensors, {self.total_b / 1e9:.2f} GB {dtypes.name_of(dtype)}) "
                   f"in {fmt} format", file=sys.stderr, flush=True)
 
     def tensor(self, name: str, t: torch.Tensor) -> None:

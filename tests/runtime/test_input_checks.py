@@ -237,3 +237,15 @@ def test_module_needing_absent_cpu_feature_is_refused(compiled, tmp_path):
     msg = str(ei.value)
     assert "amx-tile" in msg and "recompile with --arch host" in msg, msg
     assert str(vmfb) in msg
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float16, torch.int8])
+def test_dtype_table_round_trips_tensors_through_numpy(dtype):
+    """llmc/dtypes.py moves bf16 and fp8 across the numpy boundary bit-exactly (numpy has neither)."""
+    from llmc import dtypes
+
+    t = (torch.randn(3, 5) * 4).to(dtype)
+    arr = dtypes.to_numpy(t)
+    assert arr.dtype == dtypes.of_torch(dtype).numpy and dtypes.numpy_name(arr) == dtypes.name_of(dtype)
+    back = dtypes.to_torch(arr)
+    assert back.dtype == dtype and torch.equal(back.view(torch.uint8), t.view(torch.uint8))
