@@ -70,6 +70,10 @@ def compile_program(model, example_args: tuple, example_kwargs, dynamic_shapes, 
     source, inputs, stem = {"kind": type(model).__name__}, [], "model"
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
+        if path.suffix != ".pt2":
+            from llmc.models.llama import loaders
+
+            raise UsageError(f"{path}: {loaders.why_not_checkpoint(path)}")
         source = {"kind": path.suffix.lstrip(".") or "path", "path": str(path.resolve()), "sha256": artifacts.sha256_file(path)}
         inputs, stem = [path], path.stem
     out_vmfb = lower.output_path(opts.output, stem, inputs)

@@ -84,7 +84,19 @@ def _dim(d, ep) -> int | dict:
         hi = int(rng.upper) if rng is not None else 2**62
     except (TypeError, ValueError, OverflowError):  # unbounded (int_oo)
         hi = 2**62
-    return {"name": str(expr), "min": lo, "max": min(hi, 2**62)}
+    return {"name": _dim_name(d), "min": lo, "max": min(hi, 2**62)}
+
+
+def _dim_name(d) -> str:
+    """The name the user gave the dimension (torch.export.Dim("seq")), else torch's symbol (s27)."""
+    node = d.node
+    env = getattr(node, "shape_env", None)
+    names = getattr(env, "source_name_to_debug_name", None) or {}
+    for src in getattr(env, "var_to_sources", {}).get(node.expr, []):
+        key = src.name() if callable(getattr(src, "name", None)) else getattr(src, "name", None)
+        if names.get(key):
+            return names[key]
+    return str(node.expr)
 
 
 def _json_value(v):

@@ -12,12 +12,18 @@ import json
 import logging
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 from llmc.errors import LlmcError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        # No prefix matching of long options: `--prompt TEXT` must not silently become --prompt-ids.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # argparse's own errors: one line, exit 2
         self.exit(2, f"llmc: error: {message} (see `{self.prog} --help`)\n")
 
@@ -63,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=None, help="seed for sampling")
     r.add_argument("--no-eos", action="store_true", help="do not stop at the model's end-of-sequence id")
     r.add_argument("--device", default=None, help="IREE device (default: the manifest's, e.g. local-task)")
-    r.add_argument("--threads", type=int, default=None, help="worker threads for local-task")
+    r.add_argument("--threads", type=int, default=None, help="worker threads for local-task (1 or more)")
     r.add_argument("--json", action="store_true", help="print a JSON object with key 'tokens' (and timings)")
     _add_common(r)
 
@@ -128,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="llmc: %(message)s")
+    # torch 2.13 warns about its own pytree internals on every export; it is not the user's to act on
+    # and it broke the live progress line.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
     try:
         return {"compile": cmd_compile, "run": cmd_run, "info": cmd_info, "targets": cmd_targets, "diff": cmd_diff, "bisect": cmd_bisect}[args.command](args)
     except LlmcError as e:
@@ -139,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("llmc: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `llmc info X --json | head`: the reader is gone; stop quietly, as cat and grep do. Point stdout
+        # at /dev/null so the interpreter's final flush does not raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # a bug in llmc or an unexpected upstream failure
         if args.debug:
             traceback.print_exc()
@@ -148,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_compile(args) -> int:
+    from llmc.compiler import targets
+
+    # Cheap checks first: a wrong flag or path answers before torch is imported (compile_model checks again).
+    targets.resolve(args.target, args.arch, args.dtype, extra_flags=tuple(args.iree_flag))
+    if not Path(args.model).exists():
+        raise UsageError(f"{args.model}: no such file or directory")
     from llmc.compiler.api import compile_model
 
     common = dict(
@@ -187,6 +209,8 @@ def cmd_run(args) -> int:
         raise UsageError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers, e.g. --prompt-ids 1,2,3") from None
     if not prompt:
         raise UsageError("--prompt-ids: give at least one token id, e.g. --prompt-ids 1,2,3")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads {args.threads}: give 1 or more worker threads (or leave it out for IREE's default)")
     mod = load(vmfb, device=args.device, threads=args.threads)
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_eos)
     if not args.json and sys.stdout.isatty():
@@ -219,8 +243,6 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(m, indent=2))
         return 0
-    from llmc.runtime.module import _shape_text
-
     t = m["target"]
     print(f"module:   {vmfb}")
     print(f"target:   {t['name']} ({t['backend']}, arch {t['arch']}{' = ' + t['cpu'] if t.get('cpu') else ''}), dtype {m['dtype']}")
@@ -228,22 +250,43 @@ def cmd_info(args) -> int:
     if m.get("params"):
         p = m["params"]
         print(f"params:   {p['file']} ({p['count']} tensors, {p['bytes'] / 1e6:.1f} MB, scope '{p['scope']}')")
+    if t.get("cpu_features"):
+        print(f"cpu:      {t.get('cpu') or t['arch']}: {' '.join(t['cpu_features'])}")
     for name, ep in m["entry_points"].items():
-        ins = ", ".join(
-            f"{e['path']}={e['value']!r}" if e["kind"] == "constant" else f"{e['dtype']}{_shape_text(e['shape'])}"
-            for e in ep["inputs"]
-        )
-        print(f"entry:    {name}({ins})")
+        print(f"entry:    {name}({', '.join(_grouped(_arg_text(e) for e in ep['inputs']))})")
     if m.get("llm"):
         cfg, cache = m["llm"]["config"], m["llm"]["cache"]
         print(
             f"llm:      {cfg['name']}: {cfg['n_layers']} layers, dim {cfg['dim']}, heads {cfg['n_heads']}/{cfg['n_kv_heads']} kv, "
             f"vocab {cfg['vocab_size']}; max-seq-len {m['llm']['max_seq_len']}, KV cache {cache['count']} x {cache['dtype']}{cache['shape']}"
         )
-    ran = ", ".join(f"{p['name']} (rewrote {p['rewrote']})" for p in m["passes"]) or "none"
+    ran = ", ".join(
+        f"{p['name']} ({p.get('kind', '?')}: rewrote {p['rewrote']}"
+        + ("".join(f", {k} {v}" for k, v in p.get("forms", {}).items())) + ")"
+        for p in m["passes"]
+    ) or "none"
     print(f"passes:   {ran}")
+    for sk in m.get("passes_skipped", []):
+        print(f"skipped:  {sk['name']}: {sk['reason']}")
     print(f"flags:    {' '.join(m['iree_flags'])}")
     return 0
+
+
+def _arg_text(e: dict) -> str:
+    from llmc.runtime.module import shape_text
+
+    return f"{e['path']}={e['value']!r}" if e["kind"] == "constant" else f"{e['dtype']}{shape_text(e['shape'])}"
+
+
+def _grouped(texts) -> list[str]:
+    """Runs of identical arguments as `N x TEXT` (an 8B Llama's 64 cache tensors are one item)."""
+    out: list[list] = []
+    for t in texts:
+        if out and out[-1][0] == t:
+            out[-1][1] += 1
+        else:
+            out.append([t, 1])
+    return [t if n == 1 else f"{n} x {t}" for t, n in out]
 
 
 def cmd_targets(args) -> int:

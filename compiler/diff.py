@@ -14,7 +14,8 @@ from pathlib import Path
 
 from llmc.compiler import export
 from llmc.compiler.diff_eager import eager_reference, run_eager
-from llmc.compiler.diff_inputs import int_high, load_inputs, random_inputs, shape_text
+from llmc.compiler.diff_inputs import check_built_with, int_high, load_inputs, random_inputs
+from llmc.runtime.module import shape_text
 from llmc.compiler.diff_metrics import (
     DEFAULT_TOP_K,
     TOLERANCES,
@@ -68,16 +69,6 @@ def _check_options(o: DiffOptions) -> dict:
     if o.inputs is not None and not o.inputs.exists():
         raise UsageError(f"--inputs {o.inputs}: no such file")
     return parse_tolerance(o.tolerance)
-
-
-def _check_against_manifest(o: DiffOptions, manifest: dict) -> None:
-    t = manifest["target"]
-    for flag, given, built in (("--target", o.target, t["name"]), ("--dtype", o.dtype, manifest["dtype"]), ("--arch", o.arch, t.get("arch"))):
-        if given is not None and given != built:
-            raise UsageError(
-                f"{flag}={given}: {o.artifact} was compiled with {flag}={built}; drop {flag} to diff it as built, "
-                f"or leave out the artifact to compile {o.model.name} with {flag}={given} first"
-            )
 
 
 def _check_signatures(model: Path, artifact: Path, pt2_sig: dict, entry: dict) -> None:
@@ -159,7 +150,7 @@ def _run(o: DiffOptions) -> DiffOutcome:
         mod = load(vmfb)
         manifest = mod.manifest
         if o.artifact is not None:
-            _check_against_manifest(o, manifest)
+            check_built_with(o, manifest)
         entry_name = mod.default_entry
         entry = manifest["entry_points"][entry_name]
         _check_signatures(o.model, vmfb, pt2_sig, entry)

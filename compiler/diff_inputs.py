@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from llmc import dtypes
+from llmc.runtime.module import shape_text
 from llmc.errors import UsageError
 
 
@@ -69,10 +70,6 @@ def _shape_ok(shape: list, want: list) -> bool:
     return len(shape) == len(want) and all(
         (isinstance(w, int) and w == s) or (isinstance(w, dict) and w["min"] <= s <= w["max"]) for w, s in zip(want, shape)
     )
-
-
-def shape_text(shape: list) -> str:
-    return "[" + ", ".join(str(d) if isinstance(d, int) else f"{d['name']}:{d['min']}..{d['max']}" for d in shape) + "]"
 
 
 def load_inputs(path: Path, entry: dict, aliases: dict | None = None) -> tuple[tuple, dict]:
@@ -139,3 +136,14 @@ def load_inputs(path: Path, entry: dict, aliases: dict | None = None) -> tuple[t
             raise UsageError(f"{where}: key {key!r} has shape {list(arr.shape)}, the module takes {shape_text(e['shape'])}")
         leaves.append((e["path"], dtypes.to_torch(arr)))
     return _rebuild(leaves)
+
+
+def check_built_with(o, manifest: dict) -> None:
+    """--target/--dtype/--arch given with an artifact must be what it was built with (every model kind)."""
+    t = manifest["target"]
+    for flag, given, built in (("--target", o.target, t["name"]), ("--dtype", o.dtype, manifest["dtype"]), ("--arch", o.arch, t.get("arch"))):
+        if given is not None and given != built:
+            raise UsageError(
+                f"{flag}={given}: {o.artifact} was compiled with {flag}={built}; drop {flag} to diff it as built, "
+                f"or leave out the artifact to compile {o.model.name} with {flag}={given} first"
+            )

@@ -17,7 +17,7 @@ import time
 import torch
 
 from llmc import dtypes
-from llmc.compiler import diff_metrics, export, lower
+from llmc.compiler import diff_inputs, diff_metrics, export, lower
 from llmc.errors import UsageError
 
 DEFAULT_STEPS = 8
@@ -51,6 +51,8 @@ def run(o, overrides: dict):
         manifest = mod.manifest
         if not manifest.get("llm"):
             raise UsageError(f"{vmfb} is not a language-model module; diff it against the .pt2 it was compiled from")
+        if o.artifact is not None:
+            diff_inputs.check_built_with(o, manifest)
         dtype = manifest["dtype"]
         max_len = manifest["llm"]["max_seq_len"]
         profile = dtype if o.profile == "auto" else o.profile

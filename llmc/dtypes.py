@@ -11,8 +11,8 @@ Two kinds of name:
   each; `fp8` is a policy (E4M3 weights in the target's flavour with scales, math in bf16/f32) that the
   dtype passes implement, so it has no single torch dtype.
 
-This module is shared by the compiler and the runtime; it imports torch, numpy and ml_dtypes only
-(the runtime already needs all three), never the compiler.
+This module is shared by the compiler and the runtime; it imports numpy, and torch and ml_dtypes
+only when a conversion needs them (so `llmc --help` and argument errors stay fast), never the compiler.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ import dataclasses
 import functools
 
 import numpy as np
-import torch
 
 
 @dataclasses.dataclass(frozen=True)
 class ElementType:
     name: str  # the manifest's name: torch's dtype name without "torch."
-    torch: torch.dtype
     mlir: str  # element type in torch-dialect value types (!torch.vtensor<[..], ui8>)
     builtin: str  # element type in builtin tensors (signless integers: tensor<..xi8>)
     itemsize: int
@@ -38,6 +36,13 @@ class ElementType:
     @property
     def numpy(self) -> np.dtype:
         return _numpy_dtype(self.numpy_name)
+
+    @property
+    def torch(self):
+        """The torch dtype (torch.bfloat16, ...)."""
+        import torch
+
+        return getattr(torch, self.name)
 
     @property
     def plain_numpy(self) -> bool:
@@ -56,7 +61,7 @@ def _numpy_dtype(name: str) -> np.dtype:
 
 
 def _e(name, mlir, itemsize, st, numpy_name=None, builtin=None, floating=True):
-    return ElementType(name, getattr(torch, name), mlir, builtin or mlir, itemsize, numpy_name or name, floating, st)
+    return ElementType(name, mlir, builtin or mlir, itemsize, numpy_name or name, floating, st)
 
 
 ELEMENT_TYPES: dict[str, ElementType] = {
@@ -81,7 +86,11 @@ ELEMENT_TYPES: dict[str, ElementType] = {
     )
 }
 
-_BY_TORCH = {e.torch: e for e in ELEMENT_TYPES.values()}
+
+
+@functools.lru_cache(maxsize=None)
+def _by_torch() -> dict:
+    return {e.torch: e for e in ELEMENT_TYPES.values()}
 
 # --dtype names -> the element type weights and activations get (None: a policy, see the docstring).
 COMPUTE_DTYPES: dict[str, str | None] = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "fp8": None}
@@ -89,9 +98,9 @@ COMPUTE_DTYPES: dict[str, str | None] = {"f32": "float32", "f16": "float16", "bf
 FP8_FLAVOURS = {"e4m3fn": "float8_e4m3fn", "e4m3fnuz": "float8_e4m3fnuz", "e5m2": "float8_e5m2"}
 
 
-def of_torch(dtype: torch.dtype) -> ElementType:
+def of_torch(dtype) -> ElementType:
     try:
-        return _BY_TORCH[dtype]
+        return _by_torch()[dtype]
     except KeyError:
         raise KeyError(f"{dtype} has no entry in llmc's dtype table (llmc/dtypes.py)") from None
 
@@ -101,12 +110,12 @@ def by_name(name: str) -> ElementType:
     return ELEMENT_TYPES[name.removeprefix("torch.")]
 
 
-def name_of(dtype: torch.dtype) -> str:
+def name_of(dtype) -> str:
     """The manifest's name for a torch dtype: `bfloat16`."""
     return of_torch(dtype).name
 
 
-def compute_torch_dtype(dtype: str) -> torch.dtype | None:
+def compute_torch_dtype(dtype: str):
     """torch dtype of a --dtype name (f32 -> torch.float32); None for fp8 (a policy) or an unknown name."""
     element = COMPUTE_DTYPES.get(dtype)
     return ELEMENT_TYPES[element].torch if element else None
@@ -121,10 +130,12 @@ def of_numpy(arr_dtype: np.dtype) -> ElementType | None:
 
 
 def _same_size_int(itemsize: int):
+    import torch
+
     return {1: (np.uint8, torch.uint8), 2: (np.int16, torch.int16)}[itemsize]
 
 
-def to_numpy(t: torch.Tensor) -> np.ndarray:
+def to_numpy(t) -> np.ndarray:
     """A CPU numpy view of a tensor; bf16/fp8 become ml_dtypes arrays (torch can't hand those to numpy)."""
     t = t.detach().cpu().contiguous()
     e = of_torch(t.dtype)
@@ -140,8 +151,10 @@ def numpy_name(arr: np.ndarray) -> str:
     return e.name if e is not None else str(arr.dtype)
 
 
-def to_torch(arr: np.ndarray, copy: bool = True) -> torch.Tensor:
+def to_torch(arr: np.ndarray, copy: bool = True):
     """A tensor from a numpy array (ml_dtypes' bf16/fp8 included); a copy unless copy=False."""
+    import torch
+
     e = of_numpy(arr.dtype)
     if e is None or e.plain_numpy:
         return torch.from_numpy(np.array(arr) if copy else np.asarray(arr))

@@ -144,7 +144,7 @@ class EntryPoint:
             for w, s in zip(want, shape)
         )
         if not ok:
-            raise InputError(f"{where}: expected shape {_shape_text(want)}, got {shape}")
+            raise InputError(f"{where}: expected shape {shape_text(want)}, got {shape}")
         return arr
 
     def signature_text(self) -> str:
@@ -153,7 +153,7 @@ class EntryPoint:
             if e["kind"] == "constant":
                 parts.append(f"{e['path']}={e['value']!r}")
             else:
-                parts.append(f"{e['path']}: {e['dtype']}{_shape_text(e['shape'])}")
+                parts.append(f"{e['path']}: {e['dtype']}{shape_text(e['shape'])}")
         return "(" + ", ".join(parts) + ")"
 
     def call_raw(self, arrays: list):
@@ -176,8 +176,28 @@ def _as_list(result) -> list:
     return [result]
 
 
-def _shape_text(shape: list) -> str:
+def shape_text(shape: list) -> str:
     return "[" + ", ".join(str(d) if isinstance(d, int) else f"{d['name']}:{d['min']}..{d['max']}" for d in shape) + "]"
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def usable_devices() -> list[str]:
+    """IREE drivers this process can create a device with (a GPU driver whose library or device is
+    missing is left out): what `--device` can name here."""
+    import iree.runtime as rt
+
+    out = []
+    for name in rt.query_available_drivers():
+        try:
+            if rt.get_driver(name).query_available_devices():
+                out.append(name)
+        except Exception:  # the driver's library or device is missing on this machine
+            continue
+    return out or ["none"]
 
 
 class Module:
@@ -198,6 +218,8 @@ class Module:
             )
         self._check_cpu()
         self.device_name = device or self.manifest.get("runtime_device", "local-task")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise RuntimeLoadError(f"threads={threads!r}: give a whole number of worker threads, 1 or more (or None for IREE's default)")
         self.threads = threads
         self._vm = None
         self.entry_points = {name: EntryPoint(self, name, spec) for name, spec in self.manifest["entry_points"].items()}
@@ -226,6 +248,11 @@ class Module:
                 rt.flags.parse_flags(f"--task_topology_group_count={int(self.threads)}")
             try:
                 config = rt.Config(self.device_name)
+            except Exception as e:
+                raise RuntimeLoadError(
+                    f"device {self.device_name!r}: IREE could not create it ({_first_line(e)}); usable here: {', '.join(usable_devices())}"
+                ) from e
+            try:
                 modules = []
                 if self.params is not None:
                     index = rt.ParameterIndex()
@@ -236,7 +263,7 @@ class Module:
                 self._vm = rt.load_vm_modules(*modules, config=config)[-1]
                 self._config = config
             except Exception as e:
-                raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {str(e).splitlines()[0]}") from e
+                raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {_first_line(e)}") from e
         return self._vm
 
     def _unflatten(self, structure: dict, values: list):

@@ -219,6 +219,35 @@ def _detect(p: Path) -> str | None:
     return None
 
 
+def why_not_checkpoint(p: Path) -> str:
+    """What a path lacks to be a Llama checkpoint llmc can load (for the error when detect_format says None)."""
+    p = Path(p)
+    kinds = ("a Llama checkpoint: a Hugging Face folder (config.json + model.safetensors or pytorch_model.bin) or a "
+             "Meta folder (params.json + consolidated.00.pth)")
+    if p.is_dir():
+        files = {q.name for q in p.iterdir()}
+        if not files:
+            return f"an empty folder; llmc compiles a .pt2 archive (torch.export.save) or {kinds}"
+        has_hf_weights = any(n in files for n in _HF_WEIGHT_FILES)
+        if "config.json" in files and not _is_llama_hf_config(p / "config.json"):
+            try:
+                mtype = json.loads((p / "config.json").read_text()).get("model_type")
+            except (OSError, ValueError, AttributeError):
+                mtype = None
+            return f"config.json describes {'a ' + repr(mtype) if mtype else 'no Llama'} model; llmc's checkpoint loader reads Llama (model_type 'llama')"
+        if "config.json" in files:
+            return f"has config.json but no weights ({', '.join(_HF_WEIGHT_FILES)})"
+        if has_hf_weights:
+            return "has Hugging Face weights but no config.json beside them; copy the checkpoint's config.json into the folder"
+        return f"has no config.json (Hugging Face) or params.json (Meta); it must be {kinds}"
+    if p.suffix in (".pt", ".pth", ".bin"):
+        state = _read_torch_file(p)  # raises its own clear error for damaged files and pickled objects
+        what = "Meta" if _names_look_meta(set(state)) else "Hugging Face" if _names_look_hf(set(state)) else "non-Llama"
+        return (f"a state dict ({len(state)} tensors, {what} names) with no params.json (Meta) or config.json "
+                "(Hugging Face) beside it: put the checkpoint's config file next to it")
+    return f"llmc compiles a .pt2 archive (torch.export.save) or {kinds}"
+
+
 def _hf_weights_file(folder: Path) -> Path:
     return next(folder / n for n in _HF_WEIGHT_FILES if (folder / n).is_file())
 
@@ -565,12 +594,19 @@ def _read_torch_file(path: Path) -> dict[str, torch.Tensor]:
     except OSError as e:
         raise InputError(f"{path}: cannot be read ({_one_line(e)})") from None
     mmap = magic == b"PK\x03\x04"  # torch's zip format; the legacy pickle format can't be memory-mapped
+    if not mmap and not magic.startswith(b"\x80"):
+        raise InputError(f"{path}: not a PyTorch checkpoint (neither torch.save's zip format nor a pickle); "
+                         "check the file, or copy or download it again")
     if mmap and not zipfile.is_zipfile(path):
         raise InputError(f"{path}: truncated or corrupt (the zip archive a PyTorch checkpoint is stored in has no end "
                          "record); copy or download the file again")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if found:
+            raise InputError(f"{path}: holds a pickled Python object ({found.group(1)}), not a state dict; llmc never "
+                             "unpickles code from a checkpoint: save the weights with torch.save(model.state_dict(), path)") from None
         raise InputError(f"{path}: holds Python objects other than tensors, which llmc does not unpickle (it loads with "
                          f"weights_only=True and never runs code from a checkpoint): {_one_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError/EOFError/... for damaged files

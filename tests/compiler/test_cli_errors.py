@@ -144,7 +144,7 @@ def test_compile_model_not_pt2(model_dir, work):
     (work / "model.pth").write_bytes(b"not a checkpoint")
     before = snapshot(work)
     proc = run_cli("compile", "model.pth", "-o", "out/model.vmfb", cwd=work)
-    assert_one_line_error(proc, "model.pth", ".pt2")
+    assert_one_line_error(proc, "model.pth", "not a PyTorch checkpoint")
     assert snapshot(work) == before
 
 

@@ -276,6 +276,14 @@ def test_llm_only_options_are_refused_with_one_line(checkpoints, compiled, plain
         (("diff", root / "hf", plain.vmfb), "is not a language-model module"),
         (("diff", tmp_path / "other-config", compiled["hf"].vmfb), "compiled from a different config"),
         (("diff", root / "hf", compiled["hf"].vmfb, "--seq", "1"), "--seq 1: the prompt needs at least 2 tokens"),
+        # options that differ from how the artifact was built are refused for checkpoints too
+        (("diff", root / "hf", compiled["hf"].vmfb, "--dtype", "bf16"), "--dtype=bf16: "),
+        (("diff", root / "hf", compiled["hf"].vmfb, "--target", "hip"), "--target=hip: "),
+        (("run", compiled["hf"].vmfb, "--prompt-ids", "1,2", "--threads", "0"), "--threads 0: give 1 or more"),
+        (("run", compiled["hf"].vmfb, "--prompt-ids", "1,2", "--threads", "-1"), "--threads -1: give 1 or more"),
+        (("run", compiled["hf"].vmfb, "--prompt-ids", "1,2", "--device", "cuda"), "usable here: local-sync, local-task"),
+        # no abbreviations: --prompt-id is not --prompt-ids
+        (("run", compiled["hf"].vmfb, "--prompt-id", "1,2"), "--prompt-id"),
     ]
     for args, needle in cases:
         r = _llmc(*args)
@@ -290,3 +298,15 @@ def test_generate_empty_prompt(compiled):
 
     with pytest.raises(InputError, match="the prompt is empty"):
         llmc.load(compiled["hf"]).generate([], 3)
+
+
+def test_info_names_dims_and_groups_the_cache(checkpoints, compiled):
+    _, config, _ = checkpoints
+    r = _llmc("info", compiled["hf"].vmfb)
+    assert r.returncode == 0, r.stderr
+    entries = {l.split("(")[0].split()[-1]: l for l in r.stdout.splitlines() if l.startswith("entry:")}
+    n_cache = 2 * config.n_layers
+    assert "int64[1, seq:2.." in entries["prefill"] and f"{n_cache} x float32[1, " in entries["prefill"]
+    assert "int64[1, kv_len:1.." in entries["decode"]
+    assert any(l.startswith("cpu:") and "avx" in l for l in r.stdout.splitlines())  # the CPU features compiled for
+    assert "cpu-attention (graph: rewrote" in r.stdout and "decode " in r.stdout

@@ -180,3 +180,16 @@ def test_workflow_installs_llmc_runs_the_script_and_publishes_junit():
     assert set(wf["env"]["LLMC_CI_TARGETS"].split()) <= set(TARGETS)
     assert set(wf["env"]["LLMC_CI_DTYPES"].split()) <= set(DTYPES)
     assert wf["env"]["LLMC_CI_REPORTS"] == "reports"
+
+
+def test_hf_checkpoint_folder_is_a_model(tmp_path):
+    """An HF checkpoint is a folder, not a file: the script takes it (it used to stop at "no such file").
+    A planned target keeps the run cheap: the cell is recorded as skipped, named after the folder."""
+    ck = tmp_path / "tiny-hf"
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_checkpoint.py"), "--config", "tiny", "--format", "hf", "--out", str(ck)],
+                   check=True, capture_output=True)
+    proc = run_ci(ck, "--targets", "hip", "--dtypes", "f32", "--reports", "rep", "--out", "arts", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert junit_cases(tmp_path / "rep" / "tiny-hf-hip-f32.xml") == {"compile": "skipped", "diff": "skipped"}
+    missing = run_ci(tmp_path / "nope", cwd=tmp_path)
+    assert missing.returncode == 2 and "no such file or folder" in missing.stderr

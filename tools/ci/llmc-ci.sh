@@ -64,7 +64,7 @@ while [ $# -gt 0 ]; do
 done
 
 [ -n "$model" ] || die "no model given: tools/ci/llmc-ci.sh MODEL.pt2 [--targets ...] [--dtypes ...]"
-[ -f "$model" ] || die "$model: no such file"
+[ -e "$model" ] || die "$model: no such file or folder"
 command -v "$LLMC" >/dev/null 2>&1 || die "'$LLMC' not found: install llmc (pip install -e .) or set LLMC"
 command -v "$PY" >/dev/null 2>&1 || die "'$PY' not found: set LLMC_CI_PYTHON"
 "$PY" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llmc.compiler.report") is None)' 2>/dev/null ||
@@ -76,7 +76,7 @@ dtypes=$(echo "$dtypes" | tr ',' ' ')
 mkdir -p "$out" "$reports" || die "cannot create $out or $reports"
 
 stem=$(basename "$model")
-stem=${stem%.*}
+[ -d "$model" ] || stem=${stem%.*}  # a checkpoint folder keeps its whole name
 targets_json=$("$LLMC" targets --json) || die "'$LLMC targets --json' failed"
 
 # What to do with one cell: "run", "compile" or "skip:<reason>" (from llmc's own target table).
