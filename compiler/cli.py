@@ -1,6 +1,6 @@
 """`llmc` command line: argparse and validation only, then the API (compiler/api.py, runtime/).
 
-Exit codes (DESIGN.md): 0 ok; 1 a check failed; 2 bad usage or bad input; 3 compiler or runtime
+Exit codes (README.md): 0 ok; 1 a check failed; 2 bad usage or bad input; 3 compiler or runtime
 failure (with a reproducer written). Errors print as one `llmc: error: ...` line without a traceback
 unless --debug is given.
 """

@@ -29,7 +29,7 @@ from llmc.errors import ExportError, UsageError
 class CastInputs(nn.Module):
     """Casts f32 tensor inputs to the compute dtype, then calls the model.
 
-    This is what lets a bf16 module accept the f32 inputs its users already have (DESIGN.md call
+    This is what lets a bf16 module accept the f32 inputs its users already have (README.md: call
     semantics); the cast is part of the exported graph, so it runs on the device.
     """
 

@@ -4,7 +4,7 @@
 hooks, then torch-mlir's lowering to the torch backend contract (the torch dialect IREE's
 `--iree-input-type=torch` consumes).
 
-Why weights are never inlined (research/feasibility.md §2, §4): inlining a 125M model costs 3.4 GB
+Why weights are never inlined (docs/architecture.md): inlining a 125M model costs 3.4 GB
 of RSS and a 499 MB vmfb, f8 constants can't be serialized at all (E1), and IREE 3.13 mis-types small
 inlined bf16 constants on llvm-cpu and SPIR-V (B1). Instead each parameter, buffer and lifted
 constant tensor becomes

@@ -7,7 +7,7 @@ S and N are dynamic, up to --max-seq-len; each cache tensor is [1, n_kv_heads, m
 head_dim] in the compute dtype. Both functions are exported from the same (converted) model, so
 the weights are one set of parameters in the .irpa. Every returned cache is tied to its input
 (`iree.abi.tied`): IREE updates the caller's buffer in place and the runtime keeps the cache on the
-device between calls (research/kv-cache.md, variant c_tied: zero full-cache copies per step).
+device between calls (docs/architecture.md: zero full-cache copies per step).
 
 The manifest gets an `llm` section: the model config, max_seq_len, the cache layout and which
 entry point plays which role, so `llmc.load(...).generate(...)` and `llmc run` need nothing else.

@@ -1,7 +1,7 @@
 """The target table: every user-facing target name, what it can do (typed), and the IREE flags it needs.
 
 This is the only place that maps llmc's target names (`cpu`, `hip`, `xpu`, ...) to IREE devices,
-backends, flags and capabilities (DESIGN.md). The capabilities are typed fields, read by the pass
+backends, flags and capabilities (docs/targets.md). The capabilities are typed fields, read by the pass
 pipeline (compiler/pipeline.py: which passes run), by `llmc targets` and by the manifest; nothing
 tests prose by prefix. Facts come from measurements with IREE 3.13 (docs/targets.md):
 
@@ -314,7 +314,7 @@ def _flags(caps: TargetCaps, arch: str, dtype: str, dynamic: bool) -> list[str]:
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
         f"--iree-llvmcpu-target-cpu={arch}",
-        # f64 is kept, never silently demoted to f32 (DESIGN.md call semantics).
+        # f64 is kept, never silently demoted to f32 (README.md: call semantics).
         "--iree-input-demote-f64-to-f32=false",
     ]
     if caps.data_tiling and dtype == "f32":

@@ -1,6 +1,6 @@
 """The one exception hierarchy of llmc, shared by the compiler and the runtime.
 
-Every error carries the process exit code the CLI uses for it (DESIGN.md): 1 a check failed,
+Every error carries the process exit code the CLI uses for it (docs/architecture.md): 1 a check failed,
 2 bad usage or bad input, 3 compiler or runtime failure. Messages are written to be acted on: what
 failed, with which values, and what to do.
 """

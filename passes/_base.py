@@ -14,7 +14,7 @@ imported, which imports every pass file in this folder):
 
 Every pass gets a `PassContext`: the resolved target (typed capabilities: `ctx.caps`, `ctx.arch`),
 the compute dtype, the pass options and the parameters. Passes do no file I/O and never call
-iree-compile (DESIGN.md). `compiler/pipeline.py` lists which passes run for a target and dtype;
+iree-compile (docs/passes.md). `compiler/pipeline.py` lists which passes run for a target and dtype;
 gating on capabilities happens there, in one place, through each pass's `requires`.
 """
 

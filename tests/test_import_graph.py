@@ -1,4 +1,4 @@
-"""The module dependency graph of llmc is acyclic and follows DESIGN.md's folder rules.
+"""The module dependency graph of llmc is acyclic and follows the folder rules (README.md: layout).
 
 Every `import llmc...` / `from llmc... import ...` counts, module-level or inside a function (a lazy
 import still ties the two modules together). Folders map to packages as pyproject says."""

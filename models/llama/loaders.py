@@ -49,7 +49,7 @@ __all__ = [
     "DTYPES",
 ]
 
-# User spellings of dtypes (the CLI's and DESIGN.md's short names plus torch's own).
+# User spellings of dtypes (the CLI's short names plus torch's own).
 DTYPES: dict[str, torch.dtype] = {
     "f32": torch.float32, "float32": torch.float32, "fp32": torch.float32,
     "f16": torch.float16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,

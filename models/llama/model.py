@@ -7,7 +7,7 @@ rotate-half rotary layout) once. The math follows the reference implementations 
 because the acceptance tests compare greedy tokens with `transformers` eager.
 
 Entry points for generation (`LlamaPrefill`, `LlamaDecode`) take the KV cache as explicit tensors
-and return the updated cache (research/kv-cache.md, variant c_tied): one cache tensor per layer for
+and return the updated cache (docs/architecture.md: the tied functional form): one cache tensor per layer for
 K and one for V, `[1, n_kv_heads, max_seq_len, head_dim]`. The compiler marks each returned cache
 as tied to its input (`iree.abi.tied`), so IREE writes the new rows into the caller's buffer in place
 and never copies the cache.
@@ -220,7 +220,7 @@ class LlamaPrefill(nn.Module):
     """prefill(tokens[1, S], *cache) -> (logits of the last position [1, 1, vocab], *cache').
 
     Writes K/V of positions 0..S-1 into the cache and attends causally over the S new tokens. Only
-    the last position goes through the LM head (research/cpu-flags.md: -21% prefill time, and no
+    the last position goes through the LM head (docs/architecture.md: -21% prefill time, and no
     S x vocab output).
     """
 

@@ -1,6 +1,6 @@
 """The KV cache is updated in place: IREE's stream IR for prefill and decode returns the caller's cache
 buffers (tied) and never allocates or copies a cache-sized buffer. This is the copy count of
-research/kv-cache.md checked on every build, independent of timing noise."""
+docs/architecture.md checked on every build, independent of timing noise."""
 
 import re
 import subprocess

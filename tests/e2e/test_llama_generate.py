@@ -44,7 +44,7 @@ def compiled(checkpoints):
     root, config, _ = checkpoints
     arts = {}
     arts["meta"] = llmc.compile(root / "meta", output=root / "meta.vmfb", max_seq_len=MAX_SEQ)
-    # The public API routes a checkpoint folder to the same path (DESIGN.md: model may be an HF folder).
+    # The public API routes a checkpoint folder to the same path (the model may be an HF folder).
     arts["hf"] = llmc.compile(root / "hf", output=root / "hf.vmfb", max_seq_len=MAX_SEQ)
     assert arts["hf"].read_manifest()["llm"]["max_seq_len"] == MAX_SEQ
     return arts

@@ -1,4 +1,4 @@
-"""Call semantics from DESIGN.md: output structure, folded constants, mutated buffers, f64."""
+"""Call semantics (README.md, Python): output structure, folded constants, mutated buffers, f64."""
 
 import pytest
 import torch
