@@ -33,11 +33,14 @@ class Artifact:
         return json.loads(self.manifest.read_text())
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+def sha256_file(path: Path, chunk: int = 1 << 22, counter: list | None = None) -> str:
+    """Hex sha256 of a file; `counter[0]` (when given) counts the bytes hashed so far, for progress."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
+            if counter is not None:
+                counter[0] += len(block)
     return h.hexdigest()
 
 
