@@ -59,9 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the artifact paths and manifest summary as JSON")
     _add_common(c)
 
-    r = sub.add_parser("run", help="generate tokens with a compiled language model")
+    r = sub.add_parser("run", help="generate text (or tokens) with a compiled language model")
     r.add_argument("vmfb", help="a module compiled from a Llama checkpoint")
-    r.add_argument("--prompt-ids", required=True, metavar="1,2,3", help="prompt token ids, comma-separated")
+    prompt = r.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="prompt text, encoded with the checkpoint's tokenizer; the answer streams to stdout")
+    prompt.add_argument("--prompt-ids", metavar="1,2,3", help="prompt token ids, comma-separated")
+    r.add_argument("--chat", action="store_true", help="with --prompt: wrap it in the checkpoint's chat template (tokenizer_config.json)")
     r.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     r.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
@@ -70,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-eos", action="store_true", help="do not stop at the model's end-of-sequence id")
     r.add_argument("--device", default=None, help="IREE device (default: the manifest's, e.g. local-task)")
     r.add_argument("--threads", type=int, default=None, help="worker threads for local-task (1 or more)")
-    r.add_argument("--json", action="store_true", help="print a JSON object with key 'tokens' (and timings)")
+    r.add_argument("--json", action="store_true", help="print one JSON object: tokens, prompt_ids, text (with --prompt), seconds, and prefill/decode seconds and tokens/s")
     _add_common(r)
 
     i = sub.add_parser("info", help="show a compiled module's manifest: target, entry points, passes")
@@ -203,29 +206,45 @@ def cmd_run(args) -> int:
     vmfb = Path(args.vmfb)
     if not vmfb.exists():
         raise UsageError(f"{vmfb}: no such file")
-    try:
-        prompt = [int(t) for t in args.prompt_ids.replace(" ", "").split(",")]
-    except ValueError:
-        raise UsageError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers, e.g. --prompt-ids 1,2,3") from None
-    if not prompt:
-        raise UsageError("--prompt-ids: give at least one token id, e.g. --prompt-ids 1,2,3")
+    if args.chat and args.prompt is None:
+        raise UsageError("--chat applies to --prompt TEXT (the template wraps text); --prompt-ids are sent as given")
+    prompt = None
+    if args.prompt_ids is not None:
+        try:
+            prompt = [int(t) for t in args.prompt_ids.replace(" ", "").split(",")]
+        except ValueError:
+            raise UsageError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers, e.g. --prompt-ids 1,2,3") from None
+        if not prompt:
+            raise UsageError("--prompt-ids: give at least one token id, e.g. --prompt-ids 1,2,3")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads {args.threads}: give 1 or more worker threads (or leave it out for IREE's default)")
     mod = load(vmfb, device=args.device, threads=args.threads)
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_eos)
-    if not args.json and sys.stdout.isatty():
-        options["on_token"] = lambda t: print(t, end=" ", flush=True)
+    stream = not args.json and (args.prompt is not None or sys.stdout.isatty())
+    if args.prompt is not None:
+        _ = mod.tokenizer  # its errors (none recorded, a file missing) before any work
     start = time.perf_counter()
-    tokens = mod.generate(prompt, args.max_new_tokens, **options)
-    seconds = time.perf_counter() - start
-    if args.json:
-        print(json.dumps({"tokens": tokens, "prompt_ids": prompt, "seconds": round(seconds, 4)}))
+    if args.prompt is not None:
+        if stream:
+            options["on_text"] = lambda piece: print(piece, end="", flush=True)
+        mod.generate_text(args.prompt, args.max_new_tokens, chat=args.chat, **options)
     else:
-        if "on_token" in options:
-            print()
+        if stream:
+            options["on_token"] = lambda t: print(t, end=" ", flush=True)
+        mod.generate(prompt, args.max_new_tokens, **options)
+    seconds = time.perf_counter() - start
+    run = mod.last_generation
+    if args.json:
+        out = {"tokens": run.tokens, "prompt_ids": run.prompt_ids, "seconds": round(seconds, 4), **run.as_json()}
+        if args.prompt is not None:
+            out["text"] = run.text
+        print(json.dumps(out))
+    else:
+        if stream:
+            print(flush=True)
         else:
-            print(",".join(str(t) for t in tokens))
-        print(f"llmc: {len(tokens)} tokens in {seconds:.2f} s", file=sys.stderr)
+            print(",".join(str(t) for t in run.tokens))
+        print(f"llmc: {run.summary()}", file=sys.stderr)
     return 0
 
 

@@ -11,10 +11,16 @@ device between calls (docs/architecture.md: zero full-cache copies per step).
 
 The manifest gets an `llm` section: the model config, max_seq_len, the cache layout and which
 entry point plays which role, so `llmc.load(...).generate(...)` and `llmc run` need nothing else.
+The checkpoint's tokenizer (tokenizer.json, else tokenizer.model, with tokenizer_config.json when
+there is one) is copied beside the artifact as NAME.tokenizer.json / NAME.tokenizer.model
+(+ NAME.tokenizer_config.json) and recorded as `llm.tokenizer` (null without one); runtime/tokenizer.py
+reads it for `llmc run --prompt` and `generate_text`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -50,6 +56,67 @@ def checkpoint_files(path: Path) -> list[Path]:
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     return [path, *(f for f in folder.iterdir() if f.is_file())] if folder.is_dir() else [path]
+
+
+# Where a checkpoint keeps its tokenizer, in order of preference, and the suffix each copy gets after
+# NAME. tokenizer_config.json (chat template, BOS/EOS strings) is copied along with either.
+TOKENIZER_FILES = {"tokenizer.json": ".tokenizer.json", "tokenizer.model": ".tokenizer.model"}
+TOKENIZER_CONFIG = ("tokenizer_config.json", ".tokenizer_config.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointTokenizer:
+    path: Path
+    kind: str  # runtime/tokenizer.py's KINDS
+    config: Path | None  # tokenizer_config.json
+
+
+def find_tokenizer(path) -> CheckpointTokenizer | None:
+    """The tokenizer files in a checkpoint's folder: HF tokenizer.json, or tokenizer.model (Llama-3 tiktoken
+    BPE ranks or a Llama-2 SentencePiece model, told apart by content). None when there is neither."""
+    from llmc.runtime.tokenizer import detect_kind
+
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    for name in TOKENIZER_FILES:
+        f = folder / name
+        if f.is_file():
+            kind = detect_kind(f)
+            if kind is None or (name == "tokenizer.json") != (kind == "hf"):
+                raise UsageError(
+                    f"{f}: not a tokenizer llmc can read (tokenizer.json for the `tokenizers` library, or a tokenizer.model "
+                    "of tiktoken BPE ranks or SentencePiece); replace it with the checkpoint's own, or move it out of "
+                    "the folder to compile without a tokenizer"
+                )
+            config = folder / TOKENIZER_CONFIG[0]
+            if config.is_file():
+                try:
+                    ok = isinstance(json.loads(config.read_text()), dict)
+                except (OSError, ValueError):
+                    ok = False
+                if not ok:
+                    raise UsageError(f"{config}: not a JSON object; replace it with the checkpoint's own tokenizer_config.json or remove it")
+            return CheckpointTokenizer(f, kind, config if config.is_file() else None)
+    return None
+
+
+def tokenizer_files(tok: CheckpointTokenizer | None) -> list[tuple[Path | None, str]]:
+    """write_artifact's extra_files: the tokenizer's copies, and None for every tokenizer name this
+    compile does not ship, so a stale one from an earlier compile of the same NAME is removed."""
+    given = {TOKENIZER_FILES[tok.path.name]: tok.path, TOKENIZER_CONFIG[1]: tok.config} if tok else {}
+    return [(given.get(suffix), suffix) for suffix in (*TOKENIZER_FILES.values(), TOKENIZER_CONFIG[1])]
+
+
+def tokenizer_manifest(tok: CheckpointTokenizer | None, name: str) -> dict | None:
+    """The manifest's `llm.tokenizer`: the copied file's name beside the .vmfb, its kind and sha256."""
+    if tok is None:
+        return None
+    return {
+        "file": name + TOKENIZER_FILES[tok.path.name],
+        "kind": tok.kind,
+        "sha256": artifacts.sha256_file(tok.path),
+        "config": name + TOKENIZER_CONFIG[1] if tok.config else None,
+    }
 
 
 def load_llama(path) -> Llama:
@@ -128,7 +195,9 @@ def compile_llm(model, opts: lower.CompileOptions):
     if max_seq_len is not None and max_seq_len < 3:
         raise UsageError(f"--max-seq-len={max_seq_len}: must be at least 3 (prefill takes 2 tokens or more)")
     phases = Phases(quiet=opts.quiet)
+    tokenizer = None
     if isinstance(model, (str, os.PathLike)):
+        tokenizer = find_tokenizer(Path(model))  # checked before the long steps: a bad file fails fast
         source = {"kind": "llama-checkpoint", "path": str(Path(model).resolve())}
         with phases.phase("load checkpoint"):
             llama = load_llama(model)
@@ -148,14 +217,16 @@ def compile_llm(model, opts: lower.CompileOptions):
     with phases.phase("export"):
         entries = export_llm(llama, opts.dtype, max_seq_len)
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases)
+    llm = llm_manifest(config, opts.dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem))
     return lower.write_artifact(
         lowered, out_vmfb, source=source, phases=phases, repro_dir=opts.repro_dir,
-        extra_manifest={"llm": llm_manifest(config, opts.dtype, max_seq_len), "default_entry": "prefill"},
+        extra_manifest={"llm": llm, "default_entry": "prefill"}, extra_files=tokenizer_files(tokenizer),
     )
 
 
-def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int) -> dict:
-    """The manifest's `llm` section: what generate() and `llmc run` need besides the entry points."""
+def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: dict | None = None) -> dict:
+    """The manifest's `llm` section: what generate() and `llmc run` need besides the entry points.
+    tokenizer: tokenizer_manifest's record, or None when the checkpoint had none."""
     n_cache = 2 * config.n_layers
     return {
         "family": "llama",
@@ -170,4 +241,5 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int) -> dict:
         },
         "prefill": {"function": "prefill", "min_tokens": 2, "cache_args_start": 1},
         "decode": {"function": "decode", "cache_args_start": 2},
+        "tokenizer": tokenizer,
     }

@@ -13,7 +13,8 @@ Order inside lower_module (compiler/pipeline.py lists the passes):
   -> torch-mlir import of all programs into ONE module with one ParamStore (weights external)
   -> IR passes -> the MLIR text iree-compile gets.
 write_artifact then writes the parameters, runs iree-compile out of process, and writes the manifest;
-all three files go to temp names and are renamed into place only when all of them exist.
+all three files go to temp names and are renamed into place only when all of them exist (with any
+extra files the route ships beside them, e.g. a checkpoint's tokenizer as NAME.tokenizer.json).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 from pathlib import Path
 
 import torch
@@ -157,11 +159,15 @@ def write_artifact(
     repro_dir=None,
     extra_manifest: dict | None = None,
     params_from: Path | None = None,
+    extra_files: list[tuple[Path | None, str]] = (),
 ) -> Artifact:
     """Write the parameters, run iree-compile and write the manifest, all three into place at once.
 
     params_from: an existing .irpa to run with instead of writing one (per-layer's instrumented module
     reads the artifact's own weights); it is linked beside the output.
+    extra_files: (source, suffix) pairs: the source is copied to NAME + suffix (".tokenizer.json" ->
+    NAME.tokenizer.json) and moved into place with the rest. A None source means this artifact has no
+    such file: one left by an earlier compile of NAME is removed, so load() cannot pick it up.
     """
     out_vmfb = Path(out_vmfb)
     name = out_vmfb.stem
@@ -171,6 +177,13 @@ def write_artifact(
     partial_vmfb = out_vmfb.with_name(f".{name}.partial.vmfb")
     tmp_irpa = artifacts.temp_path(out_irpa) if has_params and params_from is None else None
     manifest_tmp = None
+    extras: list[tuple[Path | None, Path]] = []  # (source or None, final path)
+    extra_tmps: dict[Path, Path] = {}  # final path -> its temp copy
+    for src, suffix in extra_files:
+        dest = out_vmfb.with_name(name + suffix)
+        if dest in (out_vmfb, out_irpa, out_json) or "/" in suffix:
+            raise ValueError(f"extra file suffix {suffix!r} names one of the artifact's own files or another folder")
+        extras.append((None if src is None else Path(src), dest))
     try:
         if tmp_irpa is not None:
             with phases.phase("write parameters"):
@@ -184,6 +197,10 @@ def write_artifact(
                 target_name=target.name,
             )
         with phases.phase("write manifest"):
+            for src, dest in extras:
+                if src is not None:
+                    extra_tmps[dest] = artifacts.temp_path(dest)
+                    shutil.copyfile(src, extra_tmps[dest])
             irpa_sha = artifacts.sha256_file(tmp_irpa) if tmp_irpa is not None else None
             manifest = _manifest(lowered, source, run, irpa_sha, out_irpa if has_params else None, phases)
             manifest.update(extra_manifest or {})
@@ -198,10 +215,15 @@ def write_artifact(
             os.symlink(Path(params_from).resolve(), out_irpa)
         elif out_irpa.exists():
             out_irpa.unlink()  # a stale archive from an earlier compile would be picked up by load()
+        for src, dest in extras:
+            if src is not None:
+                os.replace(extra_tmps[dest], dest)
+            elif dest.exists() or dest.is_symlink():
+                dest.unlink()  # stale, like the archive above
         os.replace(partial_vmfb, out_vmfb)
         os.replace(manifest_tmp, out_json)
     finally:
-        for p in (tmp_irpa, partial_vmfb, manifest_tmp):
+        for p in (tmp_irpa, partial_vmfb, manifest_tmp, *extra_tmps.values()):
             if p is not None and Path(p).exists():
                 Path(p).unlink()
     log.info("compiled %s in %s", out_vmfb, ", ".join(f"{k} {v:.1f}s" for k, v in phases.timings.items()))

@@ -5,9 +5,16 @@ A module compiled from a Llama (compiler/llm.py) exports `prefill(tokens, *cache
 tied to its input buffer. The loop here allocates the cache once on the device, passes the device
 arrays IREE returns straight into the next call (they are the same buffers, updated in place), and
 copies only the [1, 1, vocab] logits to the host. Sampling is numpy on the host.
+
+Each run is recorded as a `Generation` (the module keeps the last one, `Module.last_generation`):
+prompt and new ids, and the time of prefill (the prompt's forward pass and the first new token) and of
+decode (every later token), without the time spent in the caller's `on_token` callback.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import time
 
 import numpy as np
 
@@ -50,6 +57,51 @@ def _prompt_list(prompt_ids) -> list[int]:
     return [int(t) for t in flat]
 
 
+@dataclasses.dataclass
+class Generation:
+    """One generate() run: the ids and where the time went.
+
+    prefill_seconds: from the prefill call to the first new token sampled (time to first token).
+    decode_seconds: the decode steps after it, one per later new token. Neither counts `on_token`.
+    text: the decoded new tokens, when the run came from generate_text.
+    """
+
+    prompt_ids: list[int]
+    tokens: list[int]
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    text: str | None = None
+
+    @property
+    def decode_steps(self) -> int:
+        return max(len(self.tokens) - 1, 0)
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return len(self.prompt_ids) / self.prefill_seconds if self.tokens and self.prefill_seconds > 0 else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return self.decode_steps / self.decode_seconds if self.decode_steps and self.decode_seconds > 0 else None
+
+    def summary(self) -> str:
+        """`N prompt tokens, prefill X tok/s; M new tokens, decode Y tok/s` (what `llmc run` prints last)."""
+        rate = lambda r: f"{r:.1f} tok/s" if r is not None else "- tok/s"
+        return (
+            f"{len(self.prompt_ids)} prompt tokens, prefill {rate(self.prefill_tokens_per_s)}; "
+            f"{len(self.tokens)} new tokens, decode {rate(self.decode_tokens_per_s)}"
+        )
+
+    def as_json(self) -> dict:
+        r = lambda x, digits: round(x, digits) if x is not None else None
+        return {
+            "prefill_seconds": r(self.prefill_seconds, 6),
+            "decode_seconds": r(self.decode_seconds, 6),
+            "prefill_tokens_per_s": r(self.prefill_tokens_per_s, 2),
+            "decode_tokens_per_s": r(self.decode_tokens_per_s, 2),
+        }
+
+
 class Generator:
     """The generation loop over one loaded llmc Module with an `llm` section in its manifest."""
 
@@ -64,6 +116,7 @@ class Generator:
         self.llm = llm
         self.config = llm["config"]
         self.max_seq_len = int(llm["max_seq_len"])
+        self.last: Generation | None = None
 
     def _check(self, prompt: list[int], max_new_tokens: int) -> None:
         vocab = self.config["vocab_size"]
@@ -119,8 +172,10 @@ class Generator:
         if not (math.isfinite(temperature) and temperature >= 0) or not (math.isfinite(top_p) and 0 < top_p <= 1) or top_k < 0:
             raise InputError("generate: temperature must be a finite number >= 0, top_p in (0, 1], top_k >= 0")
         self._check(prompt, max_new_tokens)
+        tokens: list[int] = []
+        self.last = run = Generation(prompt, tokens)
         if max_new_tokens == 0:
-            return []
+            return tokens
         prefill = self.module.entry_points[self.llm["prefill"]["function"]].call_raw
         decode = self.module.entry_points[self.llm["decode"]["function"]].call_raw
         device = self.module._device
@@ -128,11 +183,12 @@ class Generator:
         eos = set(self.config.get("eos_ids") or ()) if stop_at_eos else set()
         cache = self._new_cache(device)
 
+        start = time.perf_counter()
+        in_callback = 0.0  # the caller's on_token time, left out of prefill and decode
         if len(prompt) >= int(self.llm["prefill"].get("min_tokens", 2)):
             out = list(prefill([np.asarray([prompt], dtype=np.int64), *cache]))
         else:  # a one-token prompt is a decode step at position 0
             out = list(decode([np.asarray([prompt], dtype=np.int64), np.ones((1, 1), dtype=np.int64), *cache]))
-        tokens: list[int] = []
         length = len(prompt)
         while True:
             logits, cache = out[0], out[1:]
@@ -141,8 +197,14 @@ class Generator:
                 raise RuntimeCallError(f"{self.module.vmfb.name}: the module returned non-finite logits at position {length}")
             tok = sample(row.astype(np.float32), rng, temperature, top_k, top_p)
             tokens.append(tok)
+            now = time.perf_counter()
+            if len(tokens) == 1:
+                run.prefill_seconds, start = now - start, now
+            else:
+                run.decode_seconds = now - start - in_callback
             if on_token is not None:
                 on_token(tok)
+                in_callback += time.perf_counter() - now
             if len(tokens) >= max_new_tokens or tok in eos:
                 return tokens
             length += 1

@@ -4,6 +4,8 @@ Imports iree.runtime only (never the compiler): a deployment needs the runtime w
 
     mod = load("out/model.vmfb")          # finds model.irpa and model.json beside it
     y = mod(x)                             # default entry point; torch tensors back
+    ids = mod.generate([1, 2, 3])          # language models (runtime/generate.py)
+    text = mod.generate_text("Hello")      # ... with the checkpoint's tokenizer (runtime/tokenizer.py)
 
 Inputs are checked against the manifest's signature (shape, dtype, folded constants) with a clear
 error before IREE sees them. bf16 crosses the boundary as bf16 (ml_dtypes on the numpy side).
@@ -222,6 +224,8 @@ class Module:
             raise RuntimeLoadError(f"threads={threads!r}: give a whole number of worker threads, 1 or more (or None for IREE's default)")
         self.threads = threads
         self._vm = None
+        self._tokenizer = None
+        self.last_generation = None  # the last generate() / generate_text() run (runtime/generate.py: Generation)
         self.entry_points = {name: EntryPoint(self, name, spec) for name, spec in self.manifest["entry_points"].items()}
         self.default_entry = self.manifest.get("default_entry", next(iter(self.entry_points)))
 
@@ -306,7 +310,53 @@ class Module:
         """
         from llmc.runtime.generate import Generator
 
-        return Generator(self).generate(prompt_ids, max_new_tokens, **options)
+        gen = Generator(self)
+        try:
+            return gen.generate(prompt_ids, max_new_tokens, **options)
+        finally:
+            self.last_generation = gen.last
+
+    @property
+    def tokenizer(self):
+        """The checkpoint's tokenizer, copied beside the module at compile time (runtime/tokenizer.py).
+
+        Raises InputError when the checkpoint had none: use generate() with token ids then."""
+        if self._tokenizer is None:
+            from llmc.runtime import tokenizer
+
+            self._tokenizer = tokenizer.load(self.vmfb, self.manifest)
+        return self._tokenizer
+
+    def generate_text(self, prompt: str, max_new_tokens: int = 32, *, chat: bool = False, on_text=None, **options) -> str:
+        """Generate after a text prompt with the checkpoint's tokenizer; returns the new text.
+
+        The prompt gets the tokenizer's BOS; chat=True renders tokenizer_config.json's chat template
+        around it instead (one user message, the assistant's turn opened). on_text(piece) receives the
+        text as it is generated, in complete UTF-8 characters; special tokens (end of turn, EOS) are
+        not part of it. Other options are generate()'s (temperature, top_k, top_p, seed, stop_at_eos,
+        on_token). `last_generation` has the ids and timings afterwards.
+        """
+        tok = self.tokenizer
+        ids = tok.prompt_ids(prompt, chat=chat)
+        stream = tok.stream(context=ids)
+        pieces: list[str] = []
+        user_on_token = options.pop("on_token", None)
+
+        def emit(piece: str) -> None:
+            if piece:
+                pieces.append(piece)
+                if on_text is not None:
+                    on_text(piece)
+
+        def on_token(t: int) -> None:
+            emit(stream.push(t))
+            if user_on_token is not None:
+                user_on_token(t)
+
+        self.generate(ids, max_new_tokens, on_token=on_token, **options)
+        emit(stream.flush())
+        self.last_generation.text = "".join(pieces)
+        return self.last_generation.text
 
     def __getattr__(self, name):
         eps = self.__dict__.get("entry_points", {})

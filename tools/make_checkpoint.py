@@ -21,12 +21,24 @@ written there, and the result is checked by a memory-mapped torch.load at the en
 
 Output goes to a temporary folder beside --out and is renamed into place when complete: an error
 or Ctrl-C leaves no half-written checkpoint.
+
+--tokenizer hf|tiktoken|sentencepiece also writes a small tokenizer trained on a few built-in lines of
+text (deterministic, well under a second), with at most the config's vocab_size ids, and sets the
+config's BOS/EOS ids to the tokenizer's:
+  hf             tokenizer.json: byte-level BPE with Llama-3's pre-tokenizer (the `tokenizers` library)
+  tiktoken       tokenizer.model: Llama-3's format, "<base64 token> <rank>" lines (256 bytes + merges);
+                 Meta's 256 special tokens follow the ranks, so vocab_size must be at least 512
+  sentencepiece  tokenizer.model: Llama-2's format, a SentencePiece BPE model with byte fallback
+With --format hf it also writes tokenizer_config.json with a chat template (Llama-3's turn markers,
+or Llama-2's [INST] for sentencepiece), as Hugging Face chat checkpoints have.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
+import io
 import json
 import math
 import os
@@ -46,6 +58,7 @@ from llmc.models.llama.config import CONFIGS, LlamaConfig, get_config
 from llmc.models.llama.loaders import DTYPES, hf_to_meta_name, hf_to_meta_rotary, llama_param_shapes
 
 FORMATS = ("meta", "hf")
+TOKENIZERS = ("hf", "tiktoken", "sentencepiece")
 _WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what --dtype offers
 _BLOCK = 1 << 24  # elements generated per randn call (64 MB of f32 scratch)
 _WRITE_CHUNK = 1 << 28  # bytes per write call (Linux writes at most ~2 GB at once)
@@ -84,15 +97,19 @@ def random_state_dict(config: LlamaConfig, dtype: torch.dtype, seed: int):
 # ---- writer --------------------------------------------------------------------------------------
 
 def write_checkpoint(config: LlamaConfig | str, fmt: str, out_dir, dtype="bf16", seed: int = 0, *,
-                     shard_size_gb: float = 5.0, overwrite: bool = False, progress: bool = False) -> Path:
+                     shard_size_gb: float = 5.0, overwrite: bool = False, progress: bool = False,
+                     tokenizer: str | None = None) -> Path:
     """Write a random-weight checkpoint of `config` in `fmt` ("meta" or "hf") to `out_dir`; returns it.
 
     out_dir must not exist, or be an empty folder (overwrite=True replaces a non-empty one once the
-    new checkpoint is complete). dtype: "f32"/"f16"/"bf16" or a torch.dtype."""
+    new checkpoint is complete). dtype: "f32"/"f16"/"bf16" or a torch.dtype. tokenizer: None, or one of
+    TOKENIZERS to write a small trained tokenizer too (the config's bos_id/eos_ids become its ids)."""
     if isinstance(config, str):
         config = get_config(config)
     if fmt not in FORMATS:
         raise UsageError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if tokenizer is not None and tokenizer not in TOKENIZERS:
+        raise UsageError(f"tokenizer {tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
     dt = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(str(dtype).lower())
     if dt not in _WEIGHT_DTYPES:
         raise UsageError(f"dtype {dtype!r} is not one of f32, f16, bf16")
@@ -108,6 +125,8 @@ def write_checkpoint(config: LlamaConfig | str, fmt: str, out_dir, dtype="bf16",
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the checkpoint gets ordinary permissions
+        if tokenizer is not None:  # first: a vocabulary too small for it fails before the weights are written
+            config = write_tokenizer(tokenizer, config, tmp, chat_config=fmt == "hf")
         report = _Progress(config, dt, fmt, enabled=progress)
         if fmt == "meta":
             _write_meta(config, dt, seed, tmp, report)
@@ -125,6 +144,155 @@ def write_checkpoint(config: LlamaConfig | str, fmt: str, out_dir, dtype="bf16",
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+# ---- tokenizers ----------------------------------------------------------------------------------
+
+# What the small tokenizers are trained on: a few lines of prose, other scripts, digits and code, so
+# merges cover common words and multi-byte characters have tokens of their own.
+TOKENIZER_TEXT = """\
+The quick brown fox jumps over the lazy dog. The dog sleeps; the fox runs away.
+Hello world! How are you today? I am fine, thank you, and you?
+Once upon a time there was a small model that learned to speak in tokens.
+It read the same few lines again and again, and then it wrote them back.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 2024 3.14159 1,000,000
+Code: def add(a, b): return a + b  # x = [1, 2, 3]; print(x[0] * 2)
+Le café est très chaud, mais la crème brûlée est déjà prête à côté.
+Über den Wolken muss die Freiheit wohl grenzenlos sein, sagt Jürgen.
+El niño pequeño come una manzana en la mañana; ¿quién sabe por qué?
+Ελληνικά: καλημέρα κόσμε. Русский: привет, мир! Как дела?
+日本語の文章も少しだけ書きます。東京は大きな都市です。
+中文：你好，世界。今天天气很好。
+Emoji: 🙂 🚀 🌍 ❤️ ✨ and symbols: © ® ™ € £ ¥ → ← ∑ ∞ ≠ ≤ ≥
+Tabs\tand  double  spaces, new
+lines, and "quotes" with 'apostrophes' aren't a problem, we're sure they'll work.
+"""
+
+HF_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+# Chat templates in tokenizer_config.json (Jinja, rendered with messages=[...], add_generation_prompt,
+# bos_token, eos_token): Llama-3's header/turn markers, and Llama-2's [INST] blocks.
+LLAMA3_CHAT_TEMPLATE = (
+    r"{{ bos_token }}{% for message in messages %}"
+    r"{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    r"{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+LLAMA2_CHAT_TEMPLATE = (
+    r"{% for message in messages %}{% if message['role'] == 'user' %}"
+    r"{{ bos_token + '[INST] ' + message['content'] | trim + ' [/INST]' }}"
+    r"{% else %}{{ ' ' + message['content'] | trim + ' ' + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def write_tokenizer(kind: str, config: LlamaConfig, folder: Path, *, chat_config: bool = False) -> LlamaConfig:
+    """Train a `kind` tokenizer of at most config.vocab_size ids into `folder` (tokenizer.json or
+    tokenizer.model; tokenizer_config.json with a chat template when chat_config). Returns the config
+    with the tokenizer's BOS and EOS ids."""
+    n = config.vocab_size
+    if kind == "hf":
+        need = 256 + len(HF_SPECIAL_TOKENS)
+        if n < need:
+            raise UsageError(f"--tokenizer hf needs vocab_size >= {need} (256 bytes + {len(HF_SPECIAL_TOKENS)} special tokens); {config.name} has {n}")
+        (folder / "tokenizer.json").write_text(_train_hf(n))
+        bos, eos = 0, (1, 4)  # trained special tokens come first, in HF_SPECIAL_TOKENS' order
+        tokens, template = ("<|begin_of_text|>", "<|eot_id|>"), LLAMA3_CHAT_TEMPLATE
+    elif kind == "tiktoken":
+        from llmc.runtime.tokenizer import LLAMA3_NUM_SPECIAL
+
+        if n < 256 + LLAMA3_NUM_SPECIAL:
+            raise UsageError(f"--tokenizer tiktoken needs vocab_size >= {256 + LLAMA3_NUM_SPECIAL} (256 bytes + Meta's "
+                             f"{LLAMA3_NUM_SPECIAL} special tokens); {config.name} has {n}")
+        vocab = _train_byte_bpe(TOKENIZER_TEXT, n - 256 - LLAMA3_NUM_SPECIAL)
+        (folder / "tokenizer.model").write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for r, t in enumerate(vocab)))
+        bos, eos = len(vocab), (len(vocab) + 1, len(vocab) + 9)  # <|begin_of_text|>; <|end_of_text|>, <|eot_id|>
+        tokens, template = ("<|begin_of_text|>", "<|eot_id|>"), LLAMA3_CHAT_TEMPLATE
+    elif kind == "sentencepiece":
+        (folder / "tokenizer.model").write_bytes(_train_sentencepiece(n, config.name))
+        bos, eos = 1, (2,)
+        tokens, template = ("<s>", "</s>"), LLAMA2_CHAT_TEMPLATE
+    else:
+        raise UsageError(f"tokenizer {kind!r} is not one of {', '.join(TOKENIZERS)}")
+    if chat_config:
+        tc = {"bos_token": tokens[0], "eos_token": tokens[1], "chat_template": template,
+              "model_max_length": config.max_seq_len, "tokenizer_class": "PreTrainedTokenizerFast" if kind == "hf" else "LlamaTokenizer"}
+        (folder / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n")
+    return config.replace(bos_id=bos, eos_ids=eos)
+
+
+def _train_hf(vocab_size: int) -> str:
+    """tokenizer.json of a byte-level BPE with Llama-3's pre-tokenizer, as Llama-3's own is built."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from llmc.runtime.tokenizer import LLAMA3_PATTERN
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(HF_SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(TOKENIZER_TEXT.splitlines(keepends=True), trainer)
+    return tok.to_str(pretty=True)
+
+
+def _train_byte_bpe(text: str, n_merges: int) -> list[bytes]:
+    """Byte-level BPE over Llama-3's pre-tokenized text: the 256 bytes in order, then up to n_merges
+    merged tokens, the most frequent adjacent pair first (ties: the smaller pair of ids)."""
+    from collections import Counter
+
+    import regex
+
+    from llmc.runtime.tokenizer import LLAMA3_PATTERN
+
+    vocab = [bytes([i]) for i in range(256)]
+    index = {t: i for i, t in enumerate(vocab)}
+    words = Counter(regex.findall(LLAMA3_PATTERN, text))
+    seqs = [list(w.encode()) for w in words]
+    freqs = list(words.values())
+    while len(vocab) < 256 + n_merges:
+        pairs: Counter = Counter()
+        for seq, f in zip(seqs, freqs):
+            for pair in zip(seq, seq[1:]):
+                pairs[pair] += f
+        if not pairs:
+            break
+        (a, b), _ = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        merged = vocab[a] + vocab[b]
+        if merged not in index:  # the same bytes may already be a token, reached through other pairs
+            index[merged] = len(vocab)
+            vocab.append(merged)
+        new = index[merged]
+        for seq in seqs:
+            i = 0
+            while i < len(seq) - 1:
+                if seq[i] == a and seq[i + 1] == b:
+                    seq[i:i + 2] = [new]
+                i += 1
+    return vocab
+
+
+def _train_sentencepiece(vocab_size: int, name: str) -> bytes:
+    """A SentencePiece BPE model with Llama-2's options: byte fallback, digits split, no normalisation,
+    unk/bos/eos = 0/1/2."""
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(TOKENIZER_TEXT.splitlines()), model_writer=buf, vocab_size=vocab_size,
+            model_type="bpe", byte_fallback=True, split_digits=True, character_coverage=1.0,
+            normalization_rule_name="identity", add_dummy_prefix=True, remove_extra_whitespaces=False,
+            allow_whitespace_only_pieces=True, hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+            num_threads=1, shuffle_input_sentence=False, minloglevel=2,
+        )
+    except RuntimeError as e:
+        if "smaller than required_chars" in str(e):
+            raise UsageError(f"--tokenizer sentencepiece: vocab_size {vocab_size} of {name} is too small for 256 byte pieces, "
+                             "3 control tokens and the characters of the training text; use a config with a larger vocabulary") from None
+        raise
+    return buf.getvalue()
 
 
 def _write_hf(config: LlamaConfig, dtype: torch.dtype, seed: int, folder: Path, shard_bytes: int, report) -> None:
@@ -297,12 +465,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-size-gb", type=float, default=5.0, help="hf: largest safetensors shard (default 5)")
     ap.add_argument("--force", action="store_true", help="replace --out if it exists")
+    ap.add_argument("--tokenizer", default=None, choices=TOKENIZERS,
+                    help="also write a small tokenizer trained on built-in text (its BOS/EOS ids go into the config)")
     args = ap.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the temporary folder is removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         write_checkpoint(args.config, args.format, args.out, args.dtype, args.seed,
-                         shard_size_gb=args.shard_size_gb, overwrite=args.force, progress=True)
+                         shard_size_gb=args.shard_size_gb, overwrite=args.force, progress=True, tokenizer=args.tokenizer)
     except LlmcError as e:
         print(f"make_checkpoint: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,60 @@ def test_bad_arguments(tmp_path, kwargs, message):
     with pytest.raises(UsageError, match=message):
         mc.write_checkpoint(**args)
     assert not (tmp_path / "o").exists()
+
+
+# ---- --tokenizer -----------------------------------------------------------------------------------
+
+def test_cli_tokenizer_files_and_config_ids(tmp_path):
+    """--tokenizer writes the tokenizer beside the weights and puts its BOS/EOS ids in the config."""
+    out = tmp_path / "ck"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--config", "tiny-llama3", "--format", "hf", "--out", str(out),
+                        "--dtype", "f32", "--tokenizer", "hf"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.get_vocab_size() <= 512
+    c = json.loads((out / "config.json").read_text())
+    assert c["bos_token_id"] == tok.token_to_id("<|begin_of_text|>")
+    assert c["eos_token_id"] == [tok.token_to_id("<|end_of_text|>"), tok.token_to_id("<|eot_id|>")]
+    tc = json.loads((out / "tokenizer_config.json").read_text())
+    assert tc["bos_token"] == "<|begin_of_text|>" and "<|start_header_id|>" in tc["chat_template"]
+
+    meta = mc.write_checkpoint("tiny-llama3", "meta", tmp_path / "m", "f32", 0, tokenizer="sentencepiece")
+    assert sorted(p.name for p in meta.iterdir()) == ["consolidated.00.pth", "params.json", "tokenizer.model"]  # Meta ships no tokenizer_config.json
+    p = json.loads((meta / "params.json").read_text())
+    assert (p["bos_id"], p["eos_ids"]) == (1, [2])
+
+
+@pytest.mark.parametrize("kind", mc.TOKENIZERS)
+def test_tokenizer_training_is_deterministic_and_fits(tmp_path, kind):
+    import time
+
+    cfg = get_config("tiny-llama3")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    t0 = time.perf_counter()
+    ca = mc.write_tokenizer(kind, cfg, tmp_path / "a")
+    assert time.perf_counter() - t0 < 3
+    cb = mc.write_tokenizer(kind, cfg, tmp_path / "b")
+    name = "tokenizer.json" if kind == "hf" else "tokenizer.model"
+    assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes() and ca == cb
+    from llmc.runtime.tokenizer import from_files
+
+    tok = from_files(tmp_path / "a" / name, fallback_bos=ca.bos_id)
+    assert tok.vocab_size <= cfg.vocab_size
+    assert max([ca.bos_id, *ca.eos_ids]) < cfg.vocab_size
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("hf", "--tokenizer hf needs vocab_size >= 261"),
+    ("tiktoken", "--tokenizer tiktoken needs vocab_size >= 512"),
+    ("sentencepiece", "--tokenizer sentencepiece: vocab_size 256 of tiny is too small"),
+    ("bpe", "tokenizer 'bpe' is not one of hf, tiktoken, sentencepiece"),
+])
+def test_tokenizer_too_small_a_vocabulary(tmp_path, kind, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        mc.write_checkpoint("tiny", "hf", tmp_path / "o", "f32", 0, tokenizer=kind)
+    assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
