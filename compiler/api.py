@@ -34,6 +34,7 @@ def compile_model(
     extra_iree_flags: tuple[str, ...] = (),
     quiet: bool = True,
     max_seq_len: int | None = None,
+    config=None,
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
 
@@ -46,18 +47,24 @@ def compile_model(
     Raises llmc.errors.LlmcError subclasses: UsageError and friends for bad input (exit 2),
     CompileError when torch-mlir or iree-compile fails (exit 3, reproducer written).
     extra_iree_flags: appended after llmc's own flags (later flags win); recorded in the manifest.
+    config: a Llama state dict saved on its own (a .pt/.pth/.safetensors with no params.json or
+    config.json beside it) needs its config: a name (`llama3-8b`, see models/llama/config.py) or a
+    params.json / config.json path.
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,
         dump_ir=Path(dump_ir) if dump_ir is not None else None, repro_dir=Path(repro_dir) if repro_dir is not None else None,
-        extra_iree_flags=tuple(extra_iree_flags), quiet=quiet, max_seq_len=max_seq_len,
+        extra_iree_flags=tuple(extra_iree_flags), quiet=quiet, max_seq_len=max_seq_len, config=config,
     )
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
         raise UsageError(f"{model}: no such file or directory")
     from llmc.compiler import llm
 
-    if llm.is_llm_source(model, example_args, example_kwargs):
+    if llm.is_llm_source(model, example_args, example_kwargs, config):
         return llm.compile_llm(model, opts)
+    if config is not None:
+        what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
+        raise UsageError(f"--config applies to Llama weights files; {what} is not one")
     if max_seq_len is not None:
         what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
         raise UsageError(f"--max-seq-len applies to Llama checkpoints; {what} is not one")

@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="compile a model (.pt2) to NAME.vmfb + NAME.irpa + NAME.json")
     c.add_argument("model", help="a torch.export archive (.pt2), or a Llama checkpoint: Meta .pth/.pt with params.json beside it, or its folder; an HF folder (config.json + safetensors)")
     _add_target_options(c)
+    c.add_argument("--config", default=None, metavar="NAME|FILE", help="Llama: the config of a state dict saved on its own (.pt/.pth/.safetensors with nothing beside it): a name such as llama3-8b, or a params.json / config.json path")
     c.add_argument("--max-seq-len", type=int, default=None, metavar="N", help="Llama checkpoints: KV-cache length, the longest prompt + generation (default min(4096, the model's context))")
     c.add_argument("-o", "--output", default=None, help="output .vmfb path (default ./MODEL_STEM.vmfb)")
     c.add_argument("--dump-ir", default=None, metavar="DIR", help="write the IR after import and after each pass")
@@ -187,7 +188,7 @@ def cmd_compile(args) -> int:
     )
     # compile_model validates the path, target and output before any work; Llama checkpoints
     # (Meta .pth + params.json, HF folders) become a prefill + decode module (compiler/llm.py).
-    art = compile_model(Path(args.model), max_seq_len=args.max_seq_len, **common)
+    art = compile_model(Path(args.model), max_seq_len=args.max_seq_len, config=args.config, **common)
     manifest = art.read_manifest()
     if args.json:
         print(json.dumps({"vmfb": str(art.vmfb), "params": str(art.params) if art.params else None, "manifest": str(art.manifest), "compile": manifest["compile"]}, indent=2))

@@ -42,10 +42,13 @@ def is_llama_checkpoint(path) -> bool:
     return loaders.detect_format(Path(path)) is not None
 
 
-def is_llm_source(model, example_args=(), example_kwargs=None) -> bool:
-    """A Llama checkpoint path, or an llmc Llama given without example inputs: the prefill + decode route."""
+def is_llm_source(model, example_args=(), example_kwargs=None, config=None) -> bool:
+    """A Llama checkpoint path (or a bare weights file given with a config), or an llmc Llama given
+    without example inputs: the prefill + decode route."""
     if isinstance(model, (str, os.PathLike)):
         p = Path(model)
+        if config is not None and p.is_file() and p.suffix != ".pt2":
+            return True
         return p.suffix != ".pt2" and p.exists() and is_llama_checkpoint(p)
     return isinstance(model, Llama) and not example_args and not example_kwargs
 
@@ -119,14 +122,15 @@ def tokenizer_manifest(tok: CheckpointTokenizer | None, name: str) -> dict | Non
     }
 
 
-def load_llama(path) -> Llama:
+def load_llama(path, config=None) -> Llama:
     """A Llama built around a checkpoint's tensors (memory-mapped where the format allows).
 
+    config: for a bare weights file, its config (a name, a params.json/config.json path; loaders.py).
     Its rope tables have the default length; export_llm sizes them to the compiled max-seq-len.
     """
     from llmc.models.llama import loaders
 
-    config, state_dict = loaders.load_checkpoint(Path(path))
+    config, state_dict = loaders.load_checkpoint(Path(path), config=config)
     return Llama.from_state_dict(config, state_dict)
 
 
@@ -200,7 +204,7 @@ def compile_llm(model, opts: lower.CompileOptions):
         tokenizer = find_tokenizer(Path(model))  # checked before the long steps: a bad file fails fast
         source = {"kind": "llama-checkpoint", "path": str(Path(model).resolve())}
         with phases.phase("load checkpoint"):
-            llama = load_llama(model)
+            llama = load_llama(model, opts.config)
         if Path(model).is_file():
             source["sha256"] = artifacts.sha256_file(Path(model))
     elif isinstance(model, Llama):

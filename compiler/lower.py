@@ -53,6 +53,7 @@ class CompileOptions:
     extra_iree_flags: tuple[str, ...] = ()
     quiet: bool = True
     max_seq_len: int | None = None
+    config: str | Path | None = None  # Llama: the config of a bare weights file (a name or a params.json/config.json)
 
     def resolve(self) -> targets.ResolvedTarget:
         return targets.resolve(self.target, self.arch, self.dtype, extra_flags=tuple(self.extra_iree_flags))

@@ -244,7 +244,8 @@ def why_not_checkpoint(p: Path) -> str:
         state = _read_torch_file(p)  # raises its own clear error for damaged files and pickled objects
         what = "Meta" if _names_look_meta(set(state)) else "Hugging Face" if _names_look_hf(set(state)) else "non-Llama"
         return (f"a state dict ({len(state)} tensors, {what} names) with no params.json (Meta) or config.json "
-                "(Hugging Face) beside it: put the checkpoint's config file next to it")
+                "(Hugging Face) beside it: name its config with --config (a name such as llama3-8b, or a params.json / "
+                "config.json path), or put the config file next to it")
     return f"llmc compiles a .pt2 archive (torch.export.save) or {kinds}"
 
 
@@ -285,13 +286,16 @@ def _names_look_hf(names: set[str]) -> bool:
 
 # ---- entry point ---------------------------------------------------------------------------------
 
-def load_checkpoint(path, *, dtype=None) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+def load_checkpoint(path, *, dtype=None, config=None) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     """Load a Meta or Hugging Face Llama checkpoint.
 
     path: a Meta `.pth` (params.json beside it) or its folder; an HF folder (config.json with
           model.safetensors, model.safetensors.index.json + shards, or pytorch_model.bin[.index.json]),
           or one of those files.
     dtype: None keeps the stored dtypes; a torch.dtype or "f32"/"f16"/"bf16" converts every tensor.
+    config: for a single weights file with nothing beside it (a bare state dict, Meta or HF names):
+          a named config (`llama3-8b`), a params.json or config.json path, or a LlamaConfig. It wins
+          over any config file beside the weights.
     Returns (config, state dict under HF LlamaForCausalLM names, in HF order).
     Raises InputError (exit code 2) for anything wrong with the files, naming the file and the problem.
     """
@@ -300,6 +304,8 @@ def load_checkpoint(path, *, dtype=None) -> tuple[LlamaConfig, dict[str, torch.T
     if not p.exists():
         raise InputError(f"{p}: no such file or directory; give a Meta Llama checkpoint (consolidated.00.pth with params.json) "
                          "or a Hugging Face Llama folder (config.json with model.safetensors)")
+    if config is not None:
+        return _load_with_config(p, want, config)
     if p.is_file() and p.suffix in (".pth", ".pt") and not (p.parent / "params.json").is_file() and (p.parent / "config.json").is_file():
         fmt = "hf"  # an HF state dict saved with torch.save next to its config.json
     elif p.is_file() and p.suffix in (".pth", ".pt"):
@@ -335,17 +341,22 @@ def _parse_dtype(dtype) -> torch.dtype | None:
 _META_SPLIT_DIM = {"wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "output": 0, "wo": 1, "w2": 1}
 
 
-def _load_meta(p: Path, want: torch.dtype | None) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+def _load_meta(p: Path, want: torch.dtype | None, given=None) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    """given: (config, source, params) from --config, instead of the params.json beside the weights."""
     if p.name == "params.json":
         p = p.parent
     folder = p if p.is_dir() else p.parent
-    shards = _meta_shard_files(p)
+    shards = [p] if given is not None else _meta_shard_files(p)
     params_path = folder / "params.json"
-    if not params_path.is_file():
+    if given is not None:
+        config, params_path, params = given
+    elif not params_path.is_file():
         raise InputError(f"{params_path}: not found; a Meta Llama checkpoint ({shards[0].name}) needs the params.json that came "
-                         "with it (dim, n_layers, n_heads, n_kv_heads, vocab_size, ...) in the same folder: copy it there")
-    params = _read_json(params_path)
-    config = LlamaConfig.from_meta_params(params, source=str(params_path))
+                         "with it (dim, n_layers, n_heads, n_kv_heads, vocab_size, ...) in the same folder: copy it there, "
+                         "or name its config with --config (e.g. --config llama3-8b)")
+    else:
+        params = _read_json(params_path)
+        config = LlamaConfig.from_meta_params(params, source=str(params_path))
 
     parts = [_read_torch_file(f) for f in shards]
     where = str(shards[0]) if len(shards) == 1 else f"{folder} ({len(shards)} shards {shards[0].name}..{shards[-1].name})"
@@ -374,6 +385,42 @@ def _load_meta(p: Path, want: torch.dtype | None) -> tuple[LlamaConfig, dict[str
             t = meta_to_hf_rotary(t, config.n_kv_heads)
         state[hf_name] = t
     return config, state
+
+
+def resolve_config(spec) -> tuple[LlamaConfig, str, dict | None]:
+    """(config, where it came from, Meta params or None) for --config: a name, a params.json or
+    config.json path, or a LlamaConfig."""
+    from llmc.models.llama.config import get_config
+
+    if isinstance(spec, LlamaConfig):
+        return spec, spec.name, None
+    spec = str(spec)
+    path = Path(spec)
+    if path.suffix == ".json":
+        if not path.is_file():
+            raise InputError(f"--config {spec}: no such file; give a params.json (Meta), a config.json (Hugging Face) or a config name")
+        raw = _read_json(path)
+        if "hidden_size" in raw or "num_hidden_layers" in raw:
+            return LlamaConfig.from_hf_config(raw, source=str(path)), str(path), None
+        return LlamaConfig.from_meta_params(raw, source=str(path)), str(path), raw
+    try:
+        return get_config(spec), f"config {spec}", None
+    except InputError as e:
+        raise InputError(f"--config {spec}: {e}; or give a params.json / config.json path") from None
+
+
+def _load_with_config(p: Path, want, spec) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    """A single weights file, Meta or HF names, with the config given by the caller."""
+    if p.is_dir():
+        raise InputError(f"{p}: --config is for a single weights file; a checkpoint folder brings its own params.json or config.json")
+    config, source, params = resolve_config(spec)
+    names = _sniff_names(p) if (p.suffix == ".safetensors" or zipfile.is_zipfile(p)) else set(_read_torch_file(p))
+    if _names_look_meta(names):
+        return _load_meta(p, want, given=(config, source, params or {"tie_embeddings": config.tie_embeddings}))
+    if _names_look_hf(names):
+        return _load_hf(p, want, given=(config, source))
+    raise InputError(f"{p}: its tensors have neither Meta (tok_embeddings.weight, layers.0.attention.wq.weight) nor Hugging "
+                     "Face (model.embed_tokens.weight, ...) Llama names")
 
 
 def _meta_shard_files(p: Path) -> list[Path]:
@@ -451,7 +498,8 @@ def _check_tied_copy(raw: dict, out_name: str, emb_name: str, where: str) -> Non
 
 # ---- Hugging Face --------------------------------------------------------------------------------
 
-def _load_hf(p: Path, want: torch.dtype | None) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+def _load_hf(p: Path, want: torch.dtype | None, given=None) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    """given: (config, source) from --config, instead of the config.json beside the weights."""
     folder = p if p.is_dir() else p.parent
     cfg_path = folder / "config.json"
     if p.is_dir():
@@ -465,10 +513,14 @@ def _load_hf(p: Path, want: torch.dtype | None) -> tuple[LlamaConfig, dict[str, 
         return _load_hf(folder, want)
     else:
         weights = p
-    if not cfg_path.is_file():
+    if given is not None:
+        config, cfg_path = given
+    elif not cfg_path.is_file():
         raise InputError(f"{cfg_path}: not found; a Hugging Face Llama checkpoint needs the config.json that came with "
-                         f"{weights.name} (LlamaForCausalLM: hidden_size, num_hidden_layers, ...) in the same folder: copy it there")
-    config = LlamaConfig.from_hf_config(_read_json(cfg_path), source=str(cfg_path))
+                         f"{weights.name} (LlamaForCausalLM: hidden_size, num_hidden_layers, ...) in the same folder: copy it there, "
+                         "or name its config with --config (e.g. --config llama3-8b)")
+    else:
+        config = LlamaConfig.from_hf_config(_read_json(cfg_path), source=str(cfg_path))
 
     # name -> (file, getter): reading the names and shapes needs no tensor data.
     if weights.name.endswith(".index.json"):
@@ -605,8 +657,8 @@ def _read_torch_file(path: Path) -> dict[str, torch.Tensor]:
     except pickle.UnpicklingError as e:
         found = re.search(r"GLOBAL ([\w.]+)", str(e))
         if found:
-            raise InputError(f"{path}: holds a pickled Python object ({found.group(1)}), not a state dict; llmc never "
-                             "unpickles code from a checkpoint: save the weights with torch.save(model.state_dict(), path)") from None
+            raise InputError(f"{path}: holds a pickled Python object ({found.group(1)}); llmc loads with weights_only=True "
+                             "and never runs code from a checkpoint: save only tensors, e.g. torch.save(model.state_dict(), path)") from None
         raise InputError(f"{path}: holds Python objects other than tensors, which llmc does not unpickle (it loads with "
                          f"weights_only=True and never runs code from a checkpoint): {_one_line(e)}") from None
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError/EOFError/... for damaged files

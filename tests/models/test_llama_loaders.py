@@ -487,3 +487,42 @@ def test_detect_format(ckpts, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert detect_format(empty) is None
+
+
+# ---- a bare weights file with --config -------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt, weights", [("meta", "consolidated.00.pth"), ("hf", "model.safetensors")])
+def test_bare_weights_file_loads_with_a_named_or_file_config(tmp_path, fmt, weights):
+    from llmc.tools.make_checkpoint import write_checkpoint
+
+    ck = write_checkpoint("tiny", fmt, tmp_path / "ck", dtype="f32", seed=4)
+    ref_config, ref = load_checkpoint(ck)
+    bare_dir = tmp_path / "bare"
+    bare_dir.mkdir()
+    bare = bare_dir / ("weights.pt" if fmt == "meta" else "weights.safetensors")
+    shutil.copy(ck / weights, bare)
+
+    with pytest.raises(InputError, match="--config"):
+        load_checkpoint(bare)  # nothing beside it: the error names the flag
+    cfg_file = ck / ("params.json" if fmt == "meta" else "config.json")
+    for spec in ("tiny", cfg_file):
+        config, state = load_checkpoint(bare, config=spec)
+        assert (config.dim, config.n_layers, config.n_heads, config.n_kv_heads, config.vocab_size) == (
+            ref_config.dim, ref_config.n_layers, ref_config.n_heads, ref_config.n_kv_heads, ref_config.vocab_size)
+        assert list(state) == list(ref)
+        for name in ref:  # Meta names and rotary layout converted exactly as from the folder
+            assert torch.equal(state[name], ref[name]), name
+
+
+def test_config_errors(tmp_path):
+    from llmc.tools.make_checkpoint import write_checkpoint
+
+    ck = write_checkpoint("tiny", "hf", tmp_path / "ck", dtype="f32", seed=4)
+    with pytest.raises(InputError, match="unknown Llama config 'llama9'"):
+        load_checkpoint(ck / "model.safetensors", config="llama9")
+    with pytest.raises(InputError, match="no such file"):
+        load_checkpoint(ck / "model.safetensors", config=tmp_path / "missing.json")
+    with pytest.raises(InputError, match="single weights file"):
+        load_checkpoint(ck, config="tiny")
+    with pytest.raises(InputError, match="do not match config tiny-llama3.*model.embed_tokens.weight is \(256, 64\), expected \(512, 64\)"):
+        load_checkpoint(ck / "model.safetensors", config="tiny-llama3")  # shapes do not fit that config
