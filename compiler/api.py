@@ -73,6 +73,8 @@ def compile_model(
 
 def compile_program(model, example_args: tuple, example_kwargs, dynamic_shapes, opts: lower.CompileOptions) -> Artifact:
     """A .pt2 path, ExportedProgram or nn.Module -> one `main` entry point."""
+    from llmc.compiler import llm
+
     target = opts.resolve()
     source, inputs, stem = {"kind": type(model).__name__}, [], "model"
     if isinstance(model, (str, os.PathLike)):
@@ -94,4 +96,6 @@ def compile_program(model, example_args: tuple, example_kwargs, dynamic_shapes, 
             source_passes=lambda gm: pipeline.run_source(plan, gm),
         )
     lowered = lower.lower_module([lower.Entry(exported, "main")], target, dump_ir=opts.dump_ir, phases=phases, plan=plan)
-    return lower.write_artifact(lowered, out_vmfb, source=source, phases=phases, repro_dir=opts.repro_dir)
+    # A module without a tokenizer: a NAME.tokenizer.* left by an earlier compile of a checkpoint goes.
+    return lower.write_artifact(lowered, out_vmfb, source=source, phases=phases, repro_dir=opts.repro_dir,
+                                extra_files=llm.tokenizer_files(None))

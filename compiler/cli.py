@@ -195,7 +195,9 @@ def cmd_compile(args) -> int:
     else:
         size = art.vmfb.stat().st_size
         params = f", {art.params} ({art.params.stat().st_size / 1e6:.1f} MB)" if art.params else ""
-        print(f"wrote {art.vmfb} ({size / 1e3:.0f} KB){params}, {art.manifest}")
+        tok = (manifest.get("llm") or {}).get("tokenizer")
+        tokenizer = f", {art.vmfb.parent / tok['file']} ({tok['kind']} tokenizer)" if tok else ""
+        print(f"wrote {art.vmfb} ({size / 1e3:.0f} KB){params}, {art.manifest}{tokenizer}")
     return 0
 
 
@@ -280,6 +282,12 @@ def cmd_info(args) -> int:
             f"llm:      {cfg['name']}: {cfg['n_layers']} layers, dim {cfg['dim']}, heads {cfg['n_heads']}/{cfg['n_kv_heads']} kv, "
             f"vocab {cfg['vocab_size']}; max-seq-len {m['llm']['max_seq_len']}, KV cache {cache['count']} x {cache['dtype']}{cache['shape']}"
         )
+        tok = m["llm"].get("tokenizer")
+        if tok:
+            chat = ", chat template from " + tok["config"] if tok.get("config") else ""
+            print(f"tokenizer: {tok['file']} ({tok['kind']}{chat}): llmc run --prompt TEXT")
+        else:
+            print("tokenizer: none (the checkpoint had none): llmc run --prompt-ids 1,2,3")
     ran = ", ".join(
         f"{p['name']} ({p.get('kind', '?')}: rewrote {p['rewrote']}"
         + ("".join(f", {k} {v}" for k, v in p.get("forms", {}).items())) + ")"

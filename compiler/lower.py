@@ -187,8 +187,15 @@ def write_artifact(
         extras.append((None if src is None else Path(src), dest))
     try:
         if tmp_irpa is not None:
-            with phases.phase("write parameters"):
+            # IREE writes the archive in one call: its growing size on disk is the progress.
+            with phases.phase("write parameters", progress=lambda: (tmp_irpa.stat().st_size, store.nbytes)):
                 store.write_irpa(tmp_irpa)
+            hashed = [0]
+            size = tmp_irpa.stat().st_size
+            with phases.phase("hash parameters", progress=lambda: (hashed[0], size)):
+                irpa_sha = artifacts.sha256_file(tmp_irpa, counter=hashed)
+        else:
+            irpa_sha = None
         with phases.phase("iree-compile"):
             run = iree.compile_mlir(
                 lowered.mlir,
@@ -202,7 +209,6 @@ def write_artifact(
                 if src is not None:
                     extra_tmps[dest] = artifacts.temp_path(dest)
                     shutil.copyfile(src, extra_tmps[dest])
-            irpa_sha = artifacts.sha256_file(tmp_irpa) if tmp_irpa is not None else None
             manifest = _manifest(lowered, source, run, irpa_sha, out_irpa if has_params else None, phases)
             manifest.update(extra_manifest or {})
             manifest_tmp = artifacts.temp_path(out_json)
