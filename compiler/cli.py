@@ -344,8 +344,6 @@ def cmd_targets(args) -> int:
 def cmd_diff(args) -> int:
     import os
 
-    from llmc.compiler import diff, report
-
     reports = [(flag, Path(p)) for flag, p in (("--json", args.json), ("--junit", args.junit)) if p]
     for flag, p in reports:  # checked before any work: a run must not end in "cannot write the report"
         if p.is_dir():
@@ -354,6 +352,11 @@ def cmd_diff(args) -> int:
             raise UsageError(f"{flag} {p}: folder {p.parent} does not exist; create it first")
         if not os.access(p.parent, os.W_OK):
             raise UsageError(f"{flag} {p}: folder {p.parent} is not writable")
+    for given in (args.model, args.vmfb):  # before torch is imported: answer fast
+        if given is not None and not Path(given).exists():
+            raise UsageError(f"{given}: no such file or directory")
+    from llmc.compiler import diff, report
+
     opts = diff.DiffOptions(
         model=Path(args.model),
         artifact=Path(args.vmfb) if args.vmfb else None,

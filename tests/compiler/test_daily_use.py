@@ -41,7 +41,8 @@ def test_broken_pipe_ends_quietly(tmp_path):
     assert "Error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("argv", [["compile", "missing.pt2"], ["compile", "x.pt2", "--target", "tpu"], ["run", "missing.vmfb", "--prompt-ids", "1"], ["info", "missing.vmfb"], ["targets"]])
+@pytest.mark.parametrize("argv", [["compile", "missing.pt2"], ["compile", "x.pt2", "--target", "tpu"], ["run", "missing.vmfb", "--prompt-ids", "1"],
+                                  ["info", "missing.vmfb"], ["targets"], ["diff", "missing.pt2"], ["bisect", "missing.pt2"]])
 def test_argument_errors_do_not_import_torch(tmp_path, argv):
     """Answering a wrong flag must not wait for torch (seconds): the check runs before any heavy import."""
     code = f"import sys; from llmc.compiler import cli; rc = cli.main({argv!r}); print('torch' in sys.modules, rc)"
