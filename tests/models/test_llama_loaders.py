@@ -524,5 +524,5 @@ def test_config_errors(tmp_path):
         load_checkpoint(ck / "model.safetensors", config=tmp_path / "missing.json")
     with pytest.raises(InputError, match="single weights file"):
         load_checkpoint(ck, config="tiny")
-    with pytest.raises(InputError, match="do not match config tiny-llama3.*model.embed_tokens.weight is \(256, 64\), expected \(512, 64\)"):
+    with pytest.raises(InputError, match=r"do not match config tiny-llama3.*model.embed_tokens.weight is \(256, 64\), expected \(512, 64\)"):
         load_checkpoint(ck / "model.safetensors", config="tiny-llama3")  # shapes do not fit that config
