@@ -91,11 +91,8 @@ def compile_program(model, example_args: tuple, example_kwargs, dynamic_shapes, 
     phases = Phases(quiet=opts.quiet)
     plan = pipeline.build(target)
     with phases.phase("export"):
-        exported = export.export_model(
-            model, example_args, example_kwargs, dtype=opts.dtype, dynamic_shapes=dynamic_shapes,
-            source_passes=lambda gm: pipeline.run_source(plan, gm),
-        )
-    lowered = lower.lower_module([lower.Entry(exported, "main")], target, dump_ir=opts.dump_ir, phases=phases, plan=plan)
+        entry = lower.export_main(model, plan, example_args, example_kwargs, dynamic_shapes)
+    lowered = lower.lower_module([entry], target, dump_ir=opts.dump_ir, phases=phases, plan=plan)
     # A module without a tokenizer: a NAME.tokenizer.* left by an earlier compile of a checkpoint goes.
     return lower.write_artifact(lowered, out_vmfb, source=source, phases=phases, repro_dir=opts.repro_dir,
                                 extra_files=llm.tokenizer_files(None))

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from llmc import dtypes
-from llmc.compiler import artifacts, diff_inputs, export, pipeline, targets
+from llmc.compiler import artifacts, diff_inputs, export, lower, pipeline, targets
 from llmc.compiler.bisect_graph import (
     Culprit,
     example_value,
@@ -191,8 +191,7 @@ def bisect(
     progress = None if quiet else (progress or sys.stderr)
 
     plan = pipeline.build(probe)
-    exported = export.export_model(model, tuple(example_args), example_kwargs, dtype=dtype,
-                                   source_passes=lambda gm: pipeline.run_source(plan, gm))
+    exported = lower.export_main(model, plan, example_args, example_kwargs).exported
     given = (tuple(example_args), dict(example_kwargs or {})) if example_args or example_kwargs else None
     return _bisect_program(exported, model_name, probe, plan, given, seed, out_dir, progress, started)
 

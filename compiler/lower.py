@@ -30,9 +30,8 @@ from pathlib import Path
 import torch
 
 from llmc import dtypes
-from llmc.compiler import artifacts, importer, iree, pipeline, targets
+from llmc.compiler import artifacts, export, importer, iree, pipeline, targets
 from llmc.compiler.artifacts import Artifact
-from llmc.compiler.export import Exported, is_dynamic
 from llmc.compiler.progress import Phases
 from llmc.errors import UsageError
 from llmc.version import __version__
@@ -63,7 +62,7 @@ class CompileOptions:
 class Entry:
     """One exported function of the module."""
 
-    exported: Exported
+    exported: export.Exported
     function: str
     tied: dict[int, int] | None = None  # result index -> argument index (iree.abi.tied)
     logits_output: int | None = None  # the output child that holds logits (for diff's checks)
@@ -110,6 +109,16 @@ def output_path(output, default_stem: str, inputs: list[Path] = ()) -> Path:
 # Lowering
 
 
+def export_main(model, plan: pipeline.Plan, example_args: tuple = (), example_kwargs=None, dynamic_shapes=None) -> Entry:
+    """A user's model (nn.Module, ExportedProgram) exported in the plan's dtype as the `main` entry
+    point; the plan's source passes run on an f32 program's graph before it is re-exported."""
+    exported = export.export_model(
+        model, tuple(example_args), example_kwargs, dtype=plan.ctx.dtype, dynamic_shapes=dynamic_shapes,
+        source_passes=lambda gm: pipeline.run_source(plan, gm),
+    )
+    return Entry(exported, "main")
+
+
 def lower_module(
     entries: list[Entry],
     target: targets.ResolvedTarget,
@@ -132,8 +141,8 @@ def lower_module(
     with phases.phase("graph passes"):
         for e in entries:
             program = pipeline.run_graph(plan, e.exported.program, e.function, dump) if graph_passes else e.exported.program
-            programs.append(Exported(program, e.exported.strip_prefix))
-    target = target.for_shapes(any(is_dynamic(p.program) for p in programs))
+            programs.append(export.Exported(program, e.exported.strip_prefix))
+    target = target.for_shapes(any(export.is_dynamic(p.program) for p in programs))
     plan.ctx.target = target
     signatures = {}
     for e, p in zip(entries, programs):

@@ -248,10 +248,10 @@ def compile_instrumented(
     target = lower.target_of(manifest)
     plan = pipeline.build(target)
     if strip_prefix is not None:
-        exported = export.Exported(inst, strip_prefix)
+        entry = lower.Entry(export.Exported(inst, strip_prefix), "main")
     else:
-        exported = export.export_model(inst, dtype=target.dtype, source_passes=lambda gm: pipeline.run_source(plan, gm))
-    lowered = lower.lower_module([lower.Entry(exported, "main")], target, plan=plan)
+        entry = lower.export_main(inst, plan)
+    lowered = lower.lower_module([entry], target, plan=plan)
     _check_params(lowered.store, artifact_module.params, artifact_module.vmfb)
     lower.write_artifact(
         lowered, out_vmfb, source=manifest["source"], phases=Phases(quiet=True), repro_dir=repro_dir,

@@ -89,6 +89,11 @@ def _planned(how: str, detail: str = "") -> DtypeSupport:
     return DtypeSupport("planned", how, detail)
 
 
+def _planned_gpu(*, bf16: DtypeSupport, fp8: DtypeSupport) -> dict[str, DtypeSupport]:
+    """A GPU target's dtype rows before it is implemented: f32/f16 native, bf16/fp8 as given."""
+    return {"f32": _planned("native"), "f16": _planned("native"), "bf16": bf16, "fp8": fp8}
+
+
 @dataclasses.dataclass(frozen=True)
 class TargetCaps:
     """What one llmc target is and can do."""
@@ -159,12 +164,7 @@ TARGETS: dict[str, TargetCaps] = {
         },
         attention="fused",
         data_tiling=False,
-        dtypes={
-            "f32": _planned("native"),
-            "f16": _planned("native"),
-            "bf16": _planned("native"),
-            "fp8": _planned("native", "gfx942: E4M3FNUZ; gfx950/gfx12xx: E4M3FN; others emulated"),
-        },
+        dtypes=_planned_gpu(bf16=_planned("native"), fp8=_planned("native", "gfx942: E4M3FNUZ; gfx950/gfx12xx: E4M3FN; others emulated")),
         runs_here=False,
         runs_how="compile only",
     ),
@@ -177,12 +177,7 @@ TARGETS: dict[str, TargetCaps] = {
                                note="Intel Arc A770-class; " + _SPIRV_NOTE)},
         attention="fused",
         data_tiling=False,
-        dtypes={
-            "f32": _planned("native"),
-            "f16": _planned("native"),
-            "bf16": _planned("emulated", "bf16 storage, f16/f32 math"),
-            "fp8": _planned("emulated", "integer storage, f32 math"),
-        },
+        dtypes=_planned_gpu(bf16=_planned("emulated", "bf16 storage, f16/f32 math"), fp8=_planned("emulated", "integer storage, f32 math")),
         runs_here=False,
         runs_how="compile only",
     ),
@@ -195,12 +190,7 @@ TARGETS: dict[str, TargetCaps] = {
                                     note="Mesa lavapipe; " + _SPIRV_NOTE)},
         attention="fused",
         data_tiling=False,
-        dtypes={
-            "f32": _planned("native"),
-            "f16": _planned("native"),
-            "bf16": _planned("emulated", "as xpu"),
-            "fp8": _planned("emulated", "as xpu"),
-        },
+        dtypes=_planned_gpu(bf16=_planned("emulated", "as xpu"), fp8=_planned("emulated", "as xpu")),
         runs_here=True,
         runs_how="on Mesa lavapipe (apt-get install mesa-vulkan-drivers libvulkan1), once implemented",
     ),
@@ -217,12 +207,7 @@ TARGETS: dict[str, TargetCaps] = {
         },
         attention="fused",
         data_tiling=False,
-        dtypes={
-            "f32": _planned("native"),
-            "f16": _planned("native"),
-            "bf16": _planned("native"),
-            "fp8": _planned("emulated", "IREE 3.13 fails in LLVM translation of native fp8"),
-        },
+        dtypes=_planned_gpu(bf16=_planned("native"), fp8=_planned("emulated", "IREE 3.13 fails in LLVM translation of native fp8")),
         runs_here=False,
         runs_how="on a lent NVIDIA GPU machine only",
     ),

@@ -169,9 +169,6 @@ class DecompositionPass(GraphPass):
     def decompositions(self) -> dict:  # pragma: no cover - interface
         raise NotImplementedError(f"pass {self.name}: decompositions() is not implemented")
 
-    def run(self, program):
-        return program.run_decompositions(self.decompositions())
-
 
 class IRPass(Pass):
     kind = "ir"

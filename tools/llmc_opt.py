@@ -49,16 +49,19 @@ def run(args) -> int:
         raise UsageError(f"{path}: no such file")
     if args.passes and args.pipeline:
         raise UsageError("--pass and --pipeline: choose one")
+    unknown = [n for n in args.passes if n not in REGISTRY]
+    if unknown:
+        raise UsageError(f"--pass {unknown[0]}: no such pass; `llmc-opt --list` shows them ({', '.join(sorted(REGISTRY))})")
     target = targets.resolve(args.target, args.arch, args.dtype, allow_planned=True)
     plan = pipeline.build(target, only=None if args.pipeline else args.passes)
     if path.suffix == ".mlir":
-        wrong = [p.name for p in plan.source + plan.graph if not args.pipeline]
+        wrong = [] if args.pipeline else plan.source + plan.graph
         if wrong:
-            raise UsageError(f"--pass {wrong[0]}: a {REGISTRY[wrong[0]].kind} pass runs on a .pt2, not on MLIR")
-        plan.source, plan.graph = [], []
+            raise UsageError(f"--pass {wrong[0].name}: a {wrong[0].kind} pass runs on a .pt2, not on MLIR")
+        plan.source, plan.graph = [], []  # --pipeline on MLIR: its IR passes only
         text = _run_mlir(path, plan)
     elif path.suffix == ".pt2":
-        text = _run_pt2(path, plan, target, args.dtype)
+        text = _run_pt2(path, plan, target)
     else:
         raise UsageError(f"{path}: expected a .mlir or .pt2 file")
     if args.stats:
@@ -88,13 +91,11 @@ def _run_mlir(path: Path, plan) -> str:
     return str(module)
 
 
-def _run_pt2(path: Path, plan, target, dtype: str) -> str:
-    from llmc.compiler import export, lower, pipeline
+def _run_pt2(path: Path, plan, target) -> str:
+    from llmc.compiler import export, lower
 
-    program = export.load_pt2(path)
-    exported = export.export_model(program, dtype=dtype, source_passes=lambda gm: pipeline.run_source(plan, gm))
-    lowered = lower.lower_module([lower.Entry(exported, "main")], target, plan=plan)
-    return lowered.mlir
+    entry = lower.export_main(export.load_pt2(path), plan)
+    return lower.lower_module([entry], target, plan=plan).mlir
 
 
 def main(argv=None) -> int:

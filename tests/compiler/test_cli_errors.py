@@ -74,6 +74,8 @@ COMPILE_BAD_FLAGS = [
     ("unknown-dtype", ["--dtype", "f12"], ["--dtype", "f12"]),
     ("planned-target", ["--target", "hip"], ["--target", "hip"]),
     ("planned-dtype", ["--dtype", "fp8"], ["--dtype", "fp8"]),
+    ("config-not-llama", ["--config", "tiny"], ["--config", "Llama weights files"]),
+    ("max-seq-len-not-llama", ["--max-seq-len", "64"], ["--max-seq-len", "Llama checkpoints"]),
 ]
 
 
@@ -83,6 +85,13 @@ def test_compile_bad_target_options(flags, names, model_dir, work):
     proc = run_cli("compile", model_dir / "model.pt2", "-o", work / "out" / "model.vmfb", *flags, cwd=work)
     assert_one_line_error(proc, *names)
     assert proc.stdout == ""
+    assert snapshot(work, model_dir) == before
+
+
+def test_bisect_max_seq_len_is_for_checkpoints(model_dir, work):
+    before = snapshot(work, model_dir)
+    proc = run_cli("bisect", model_dir / "model.pt2", "--max-seq-len", "64", "-o", work / "b", cwd=work)
+    assert_one_line_error(proc, "--max-seq-len", "Llama checkpoints")
     assert snapshot(work, model_dir) == before
 
 

@@ -33,6 +33,13 @@ def test_rejected_before_iree(target, arch, dtype, needle):
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
+def test_planned_targets_resolve_for_passes_only_with_known_archs():
+    hip = targets.resolve("hip", "gfx950", "fp8", allow_planned=True)  # llmc-opt: passes see its caps
+    assert hip.arch_caps.fp8 == "e4m3fn" and targets.resolve("hip", None, "f32", allow_planned=True).arch_caps.fp8 == "e4m3fnuz"
+    with pytest.raises(UnsupportedTargetError, match="--arch='gfx9000' is not an arch of --target=hip; known: gfx942, gfx950"):
+        targets.resolve("hip", "gfx9000", "f32", allow_planned=True)
+
+
 def test_cpu_features_come_from_iree():
     cpu, feats = targets.llvm_cpu_features("haswell")
     assert cpu == "haswell"

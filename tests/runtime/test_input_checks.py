@@ -38,6 +38,15 @@ def mod(compiled):
     return llmc.load(compiled[2])
 
 
+@pytest.mark.parametrize("threads", [0, -2, 1.5, True])
+def test_thread_count_is_checked(compiled, threads):
+    from llmc.errors import RuntimeLoadError
+
+    with pytest.raises(RuntimeLoadError, match=r"threads=.*1 or more") as info:
+        llmc.load(compiled[2], threads=threads)
+    assert info.value.exit_code == 2
+
+
 def x_of(seq: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
     return torch.randn(batch, seq, 64, generator=torch.Generator().manual_seed(seed))
 

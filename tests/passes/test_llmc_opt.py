@@ -1,0 +1,48 @@
+"""llmc-opt's own command line: the pass list, and one-line errors with exit 2 for bad use."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+OPT = str(Path(sys.executable).parent / "llmc-opt")
+HERE = Path(__file__).parent
+
+
+def _run(*args, cwd):
+    return subprocess.run([OPT, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_list_names_every_pass_with_its_kind(tmp_path):
+    from llmc.passes import REGISTRY
+
+    proc = _run("--list", cwd=tmp_path)
+    assert proc.returncode == 0
+    rows = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()}
+    assert rows == {name: cls.kind for name, cls in REGISTRY.items()}
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        ((), ["give an input file"]),
+        (("missing.mlir",), ["missing.mlir", "no such file"]),
+        (("notes.txt",), ["notes.txt", "expected a .mlir or .pt2"]),
+        (("bad.mlir",), ["bad.mlir", "not parseable MLIR"]),
+        ((HERE / "log10_to_log.mlir", "--pass", "nope"), ["--pass nope", "no such pass"]),
+        ((HERE / "log10_to_log.mlir", "--pass", "cpu-attention"), ["--pass cpu-attention", "graph pass runs on a .pt2"]),
+        ((HERE / "log10_to_log.mlir", "--pass", "log10-to-log", "--pipeline"), ["--pass and --pipeline"]),
+        ((HERE / "log10_to_log.mlir", "--target", "tpu"), ["--target='tpu'"]),
+    ],
+    ids=["no-input", "missing", "wrong-suffix", "bad-mlir", "unknown-pass", "graph-pass-on-mlir", "pass-and-pipeline", "bad-target"],
+)
+def test_bad_use_is_one_line_exit_2(tmp_path, args, needles):
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "bad.mlir").write_text("func.func @f( {")
+    proc = _run(*args, cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("llmc-opt: error: "), proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert proc.stdout == ""
