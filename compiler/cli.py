@@ -274,6 +274,12 @@ def cmd_info(args) -> int:
         print(f"params:   {p['file']} ({p['count']} tensors, {p['bytes'] / 1e6:.1f} MB, scope '{p['scope']}')")
     if t.get("cpu_features"):
         print(f"cpu:      {t.get('cpu') or t['arch']}: {' '.join(t['cpu_features'])}")
+    from llmc.compiler import vmfb as vmfb_info
+
+    try:
+        print(f"code:     {vmfb_info.inspect(vmfb).summary()}")
+    except ValueError as e:
+        raise UsageError(str(e)) from e
     for name, ep in m["entry_points"].items():
         print(f"entry:    {name}({', '.join(_grouped(_arg_text(e) for e in ep['inputs']))})")
     if m.get("llm"):
@@ -323,8 +329,16 @@ def cmd_targets(args) -> int:
     if args.json:
         print(json.dumps(targets.as_json(), indent=2))
         return 0
+    usable = None
     for c in targets.TARGETS.values():
-        if c.implemented:
+        if c.implemented and c.runs_here and c.device != "local":
+            if usable is None:
+                from llmc.runtime.device import usable_devices
+
+                usable = usable_devices()
+            where = "runs here" if c.device in usable else f"no {c.device} driver here; runs"
+            state = f"implemented; {where} {c.runs_how}"
+        elif c.implemented:
             state = "implemented; " + (f"runs here {c.runs_how}" if c.runs_here else c.runs_how)
         else:
             state = "planned, not implemented yet"
@@ -335,7 +349,8 @@ def cmd_targets(args) -> int:
             feats = [f"fp8 {a.fp8}", f"bf16 math {'yes' if a.bf16 else 'no'}", f"int8 dot {'yes' if a.int8_dot else 'no'}"]
             if a.subgroup_sizes:
                 feats.append(f"subgroup {'/'.join(map(str, a.subgroup_sizes))}, {a.shared_memory_kb} KiB shared")
-            print(f"          arch {name}: {', '.join(feats)}" + (f" ({a.note})" if a.note else ""))
+            also = f" = {', '.join(a.aliases)}" if a.aliases else ""
+            print(f"          arch {name}{also}: {', '.join(feats)}" + (f" ({a.note})" if a.note else ""))
         if c.notes:
             print(f"          note: {c.notes}")
     return 0

@@ -77,17 +77,21 @@ def run(o, overrides: dict):
         start = time.perf_counter()
         results, agree = [], []
         tdt = dtypes.compute_torch_dtype(dtype)
+        # The module's cache is in its compute dtype, which differs from --dtype where that is emulated
+        # (bf16 on SPIR-V computes in f32).
+        cache_tdt = dtypes.by_name(manifest["llm"]["cache"]["dtype"]).torch
+        compute = next(k for k, v in dtypes.COMPUTE_DTYPES.items() if v == manifest["llm"]["cache"]["dtype"])
         with torch.no_grad():
             ref = LlamaPrefill(llama)(prompt, *new_cache(cfg, max_len, tdt))
-        got = mod.prefill(prompt, *new_cache(cfg, max_len, tdt))
+        got = mod.prefill(prompt, *new_cache(cfg, max_len, cache_tdt))
         results.append(diff_metrics.compare("prefill.logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
         ref_cache, got_cache = ref[1:], got[1:]
         n = prompt.shape[1]
         # --per-layer localises both entry points on eager's inputs: the prompt, and the first decode
         # step after eager's prefill (teacher forcing, as the logits comparison does).
-        per_layer_inputs = {"prefill": (prompt, *new_cache(cfg, max_len, tdt))}
+        per_layer_inputs = {"prefill": (prompt, *new_cache(cfg, max_len, cache_tdt))}
         tok0 = ref[0][0, -1].float().argmax().item()
-        per_layer_inputs["decode"] = (torch.tensor([[tok0]]), torch.ones(1, n + 1, dtype=torch.int64), *ref_cache)
+        per_layer_inputs["decode"] = (torch.tensor([[tok0]]), torch.ones(1, n + 1, dtype=torch.int64), *(c.to(cache_tdt) for c in ref_cache))
         for i in range(steps):
             tok = ref[0][0, -1].float().argmax().item()
             agree.append(tok == got[0][0, -1].float().argmax().item())
@@ -103,7 +107,7 @@ def run(o, overrides: dict):
         if o.per_layer or o.per_layer_depth is not None:
             from llmc.compiler import per_layer
 
-            for entry in llm.export_llm(llama, dtype, max_len):
+            for entry in llm.export_llm(llama, compute, max_len):
                 workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llmc-per-layer-")))
                 located[entry.function] = per_layer.localise(
                     entry.exported.program, mod, per_layer_inputs[entry.function], {}, tol, depth=o.per_layer_depth,

@@ -219,9 +219,9 @@ def compile_llm(model, opts: lower.CompileOptions):
         )
 
     with phases.phase("export"):
-        entries = export_llm(llama, opts.dtype, max_seq_len)
+        entries = export_llm(llama, target.compute_dtype, max_seq_len)
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases)
-    llm = llm_manifest(config, opts.dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem))
+    llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem))
     return lower.write_artifact(
         lowered, out_vmfb, source=source, phases=phases, repro_dir=opts.repro_dir,
         extra_manifest={"llm": llm, "default_entry": "prefill"}, extra_files=tokenizer_files(tokenizer),

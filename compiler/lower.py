@@ -113,7 +113,7 @@ def export_main(model, plan: pipeline.Plan, example_args: tuple = (), example_kw
     """A user's model (nn.Module, ExportedProgram) exported in the plan's dtype as the `main` entry
     point; the plan's source passes run on an f32 program's graph before it is re-exported."""
     exported = export.export_model(
-        model, tuple(example_args), example_kwargs, dtype=plan.ctx.dtype, dynamic_shapes=dynamic_shapes,
+        model, tuple(example_args), example_kwargs, dtype=plan.ctx.target.compute_dtype, dynamic_shapes=dynamic_shapes,
         source_passes=lambda gm: pipeline.run_source(plan, gm),
     )
     return Entry(exported, "main")
@@ -156,8 +156,20 @@ def lower_module(
     plan.ctx.params = store
     with phases.phase("ir passes"):
         pipeline.run_ir(plan, module, dump)
+        if target.module_target:
+            _write_device_targets(module, target.module_target)
         mlir = str(module)
     return Lowered(mlir, store, mutable, signatures, plan, target)
+
+
+def _write_device_targets(module, attr: str) -> None:
+    """Put the target IREE's table lacks (Intel profiles, sm_90) on the module as its
+    `hal.device.targets`; iree-compile then needs no target flags (compiler/targets.py)."""
+    from torch_mlir import ir
+
+    with module.context:
+        module.context.allow_unregistered_dialects = True  # hal/iree_gpu attributes stay opaque here
+        module.operation.attributes["hal.device.targets"] = ir.Attribute.parse(attr)
 
 
 def write_artifact(
@@ -276,6 +288,10 @@ def _versions() -> dict:
 def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irpa: Path | None, phases: Phases) -> dict:
     target, store, signatures = lowered.target, lowered.store, lowered.signatures
     caps = target.caps
+    wide = ("float64", "complex128")
+    uses_f64 = any(e.get("dtype") in wide for sig in signatures.values() for e in sig["inputs"]) or any(
+        dtypes.name_of(x.dtype) in wide for x in store.tensors.values()
+    )
     t = {
         "name": caps.name,
         "device": caps.device,
@@ -289,6 +305,15 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
         t["machine"] = platform.machine()
         t["cpu"], features = targets.llvm_cpu_features(target.arch)
         t["cpu_features"] = list(features)
+    else:
+        a = target.arch_caps
+        t["iree_target"] = a.iree_name or "written into the module (hal.device.targets)"
+        # What the runtime checks against the device before it runs anything (runtime/module.py).
+        t["requires"] = {
+            "subgroup_sizes": list(a.subgroup_sizes),
+            "float16": target.dtype == "f16",
+            "float64": a.f64 and uses_f64,
+        }
     params = None
     if out_irpa is not None:
         params = {
@@ -299,17 +324,15 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
             "sha256": irpa_sha,
             "mutable_state": lowered.mutable,
         }
-    wide = ("float64", "complex128")
-    uses_f64 = any(e.get("dtype") in wide for sig in signatures.values() for e in sig["inputs"]) or any(
-        dtypes.name_of(t.dtype) in wide for t in store.tensors.values()
-    )
     return {
         "format": "llmc-manifest/1",
         "versions": _versions(),
         "source": source,
         "target": t,
         "dtype": target.dtype,
-        "f64": "kept (--iree-input-demote-f64-to-f32=false)" if uses_f64 else "not used",
+        "f64": ("kept (--iree-input-demote-f64-to-f32=false)" if target.arch_caps.f64 else "demoted to f32 (the arch has no f64)")
+        if uses_f64
+        else "not used",
         "iree_flags": ["--iree-input-type=torch", *target.iree_flags],
         "passes": lowered.plan.stats(),
         "passes_skipped": lowered.plan.skipped,

@@ -34,7 +34,8 @@ SOURCE_PASSES: list[str] = [
 ]
 GRAPH_PASSES: list[str] = [
     "slice-copy",  # torch-mlir has no aten.slice_copy lowering
-    "cpu-attention",  # llvm-cpu: SDPA written out (decode steps as f32 multiply + sum); GPUs keep it whole
+    "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
+    "bf16-weights",  # SPIR-V bf16: weights stored as int16 bits, widened with integer ops; f32 math
 ]
 IR_PASSES: list[str] = [
     "log10-to-log",  # llvm-cpu links no log10f: log(x) / ln(10)
@@ -44,7 +45,7 @@ IR_PASSES: list[str] = [
 def base_decompositions() -> dict:
     """torch-mlir's decomposition table with scaled-dot-product attention kept whole.
 
-    GPU targets hand SDPA to IREE, which forms its fused attention op from it; the cpu-attention
+    GPU targets hand SDPA to IREE, which forms its fused attention op from it; the decompose-attention
     pass decomposes it where the target wants that."""
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 

@@ -1,22 +1,28 @@
-"""The target table: every user-facing target name, what it can do (typed), and the IREE flags it needs.
+"""The target table: every user-facing target name, what it can do (typed), and how IREE is told.
 
-This is the only place that maps llmc's target names (`cpu`, `hip`, `xpu`, ...) to IREE devices,
-backends, flags and capabilities (docs/targets.md). The capabilities are typed fields, read by the pass
-pipeline (compiler/pipeline.py: which passes run), by `llmc targets` and by the manifest; nothing
-tests prose by prefix. Facts come from measurements with IREE 3.13 (docs/targets.md):
+This is the only place that maps llmc's target names (`cpu`, `hip`, `xpu`, `vulkan`, `cuda`) to IREE
+devices, backends, flags and capabilities (docs/targets.md). The capabilities are typed fields, read
+by the pass pipeline (compiler/pipeline.py: which passes run), by `llmc targets`, by the manifest and
+by the runtime's device check; nothing tests prose by prefix. Facts come from measurements with
+IREE 3.13 (docs/targets.md):
 
 - llvm-cpu: always name the CPU (`--iree-llvmcpu-target-cpu`; without it code is 38x slower) and
   turn data tiling on for f32 (off by default in 3.13; the largest single gain). Low-precision
   weights need `--iree-dispatch-creation-block-matmul-producer-fusion=false`, or every call writes an
   f32 copy of every weight. Attention is decomposed before IREE: its fused CPU attention op runs ~9x
-  slower (the `cpu-attention` pass).
-- hip: gfx942 (MI300) accepts only E4M3FNUZ fp8, gfx950/gfx12xx only E4M3FN; RDNA3 has no fp8.
-- SPIR-V (xpu, vulkan): no bf16 arithmetic, no fp8 conversion; a module built for another subgroup
-  size runs silently wrong.
+  slower (the `decompose-attention` pass).
+- hip and cuda keep SDPA whole: IREE's fused attention halved prefill time on an H100. IREE's SPIR-V
+  backend cannot compile that op, so vulkan/xpu decompose attention as cpu does.
+- hip: `--iree-rocm-target` (the `--iree-hip-*` names were removed in 3.12). gfx942 (MI300) accepts
+  only E4M3FNUZ fp8, gfx950/gfx12xx only E4M3FN; RDNA3 has no fp8.
+- cuda: IREE 3.13's table stops at sm_89; sm_90 gets sm_89's capabilities under its own arch name,
+  written into the module as its device target (`module_target`).
+- SPIR-V (xpu, vulkan): no bf16 arithmetic (bf16 weights stored as int16 bits, f32 math: the
+  `bf16-weights` pass), no fp8 conversion. IREE has no Intel Vulkan target and
+  crashes on unknown names, so the Intel profiles are written into the module here. A module built
+  for another subgroup size runs silently wrong: the manifest records the sizes and the runtime
+  refuses a device without one of them.
 - An unknown target or arch is rejected here, before IREE sees it (IREE segfaults on some).
-
-Only `cpu` is implemented end to end so far; the GPU rows carry their measured capabilities so that
-`llmc targets` tells the truth about them and the compile driver refuses them with a clear message.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import subprocess
 import tempfile
 
@@ -55,9 +62,12 @@ class ArchCaps:
     fp8: str = "none"  # the E4M3 flavour IREE lowers natively: "none", "e4m3fn" or "e4m3fnuz"
     bf16: bool = False  # native bf16 arithmetic (not just storage)
     f16: bool = True  # native f16 arithmetic
+    f64: bool = True  # f64 arithmetic (SPIR-V devices without it need f64 demoted)
     int8_dot: bool = False  # integer dot products (VNNI, DP4a, i8 MFMA/WMMA)
-    subgroup_sizes: tuple[int, ...] = ()  # () on CPUs
+    subgroup_sizes: tuple[int, ...] = ()  # () on CPUs; the module runs only where one of them is available
     shared_memory_kb: int = 0  # workgroup memory; 0 on CPUs
+    iree_name: str = ""  # the name IREE's own target table knows; "" = llmc writes the target into the module
+    aliases: tuple[str, ...] = ()  # product / code names accepted for --arch
     note: str = ""
 
     def __post_init__(self):
@@ -72,6 +82,7 @@ class DtypeSupport:
     state: str  # "implemented" or "planned"
     how: str  # "native" or "emulated"
     detail: str = ""
+    compute: str = ""  # the dtype the program is exported and computed in, when not the --dtype itself
 
     @property
     def implemented(self) -> bool:
@@ -81,17 +92,17 @@ class DtypeSupport:
         return self.how + (f" ({self.detail})" if self.detail else "")
 
 
-def _impl(how: str, detail: str = "") -> DtypeSupport:
-    return DtypeSupport("implemented", how, detail)
+def _impl(how: str, detail: str = "", compute: str = "") -> DtypeSupport:
+    return DtypeSupport("implemented", how, detail, compute)
 
 
 def _planned(how: str, detail: str = "") -> DtypeSupport:
     return DtypeSupport("planned", how, detail)
 
 
-def _planned_gpu(*, bf16: DtypeSupport, fp8: DtypeSupport) -> dict[str, DtypeSupport]:
-    """A GPU target's dtype rows before it is implemented: f32/f16 native, bf16/fp8 as given."""
-    return {"f32": _planned("native"), "f16": _planned("native"), "bf16": bf16, "fp8": fp8}
+def _gpu_dtypes(*, bf16: DtypeSupport, fp8: DtypeSupport) -> dict[str, DtypeSupport]:
+    """A GPU target's dtype rows: f32/f16 native, bf16/fp8 as given."""
+    return {"f32": _impl("native"), "f16": _impl("native"), "bf16": bf16, "fp8": fp8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +132,16 @@ class TargetCaps:
     def arch_caps(self, arch: str) -> ArchCaps:
         return self.archs.get(arch) or self.archs[self.default_arch]
 
+    def canonical_arch(self, arch: str) -> str | None:
+        """The table's name for `arch` (itself, or the arch a product/code name stands for)."""
+        if arch in self.archs:
+            return arch
+        low = arch.lower()
+        for name, a in self.archs.items():
+            if low == name.lower() or low in a.aliases:
+                return name
+        return None
+
 
 _CPU = ArchCaps(
     fp8="none",
@@ -130,6 +151,39 @@ _CPU = ArchCaps(
     note="LLVM widens bf16/f16 math to f32 unless the CPU has avx512_bf16 / avx512fp16; VNNI gives int8 dot products",
 )
 _SPIRV_NOTE = "no bf16 arithmetic and no fp8 conversion in IREE's SPIR-V path"
+# bf16 weights stored as their 16 bits (int16) and widened with integer ops, everything else f32: SPIR-V
+# has no bf16 type, IREE 3.13 fails on any bf16 -> f32 conversion there, and its
+# --iree-input-promote-bf16-to-f32 changes the function ABI and the parameters' byte sizes
+# (passes/bf16_weights.py).
+_SPIRV_BF16 = _impl("emulated", "bf16 weights as int16 bits, f32 math and activations", compute="f32")
+_SPIRV_FP8 = _planned("emulated", "integer storage + software decode, f16/f32 math")
+
+# The Intel profiles IREE 3.13 lacks (it has no Intel Vulkan target and crashes on unknown names).
+# Values are the Vulkan limits Mesa's ANV driver reports, as published in the Vulkan hardware
+# database (vulkan.gpuinfo.org) for an Arc A770 (DG2, Xe-HPG) and an Arc B580 (BMG, Xe2-HPG); we have
+# not run them on hardware: `python -m llmc.runtime.vulkan_probe` on the device prints what it has.
+#  - compute types: no fp64 on either chip (shaderFloat64 false); shaderFloat16/Int8/Int16 true;
+#    shaderInt64 true (ANV lowers it).
+#  - storage: storageBuffer8/16BitAccess true.
+#  - dot: VK_KHR_shader_integer_dot_product, 4x8-bit packed accelerated (DP4a).
+#  - mma: none usable. VK_KHR_cooperative_matrix exists (8x8x16 on DG2 at subgroup 8, 8x16x16 on Xe2
+#    at subgroup 16) but matches none of IREE's SPIR-V intrinsics (16x16x16 WMMA-style).
+#  - subgroups: DG2 minSubgroupSize 8, maxSubgroupSize 32; Xe2 16..32 (no SIMD8).
+#  - maxComputeSharedMemorySize 65536; maxComputeWorkGroupInvocations 1024; maxComputeWorkGroupSize
+#    1024 x 1024 x 1024 (IREE tiles far below that); maxComputeWorkGroupCount 65535 per dimension.
+_INTEL_WGP = (
+    "compute = fp32|fp16|int64|int32|int16|int8, storage = b32|b16|b8, subgroup = shuffle|arithmetic, "
+    "dot = dp4xi8toi32, mma = [], subgroup_size_choices = [{subgroups}], max_workgroup_sizes = [1024, 1024, 1024], "
+    "max_thread_count_per_workgroup = 1024, max_workgroup_memory_bytes = 65536, "
+    "max_workgroup_counts = [65535, 65535, 65535]"
+)
+_INTEL_FEATURES = "spirv:v1.6,cap:Shader,cap:PhysicalStorageBufferAddresses,cap:PhysicalStorageBuffer64,cap:Int64"
+
+
+def _gpu(fp8="none", *, bf16=True, f64=True, int8_dot=True, subgroups=(64,), shared_kb=64, iree_name="", aliases=(), note=""):
+    return ArchCaps(fp8=fp8, bf16=bf16, f64=f64, int8_dot=int8_dot, subgroup_sizes=tuple(subgroups),
+                    shared_memory_kb=shared_kb, iree_name=iree_name, aliases=tuple(aliases), note=note)
+
 
 TARGETS: dict[str, TargetCaps] = {
     "cpu": TargetCaps(
@@ -156,43 +210,61 @@ TARGETS: dict[str, TargetCaps] = {
         backend="rocm",
         default_arch="gfx942",
         archs={
-            "gfx942": ArchCaps(fp8="e4m3fnuz", bf16=True, int8_dot=True, subgroup_sizes=(64,), shared_memory_kb=64, note="MI300"),
-            "gfx950": ArchCaps(fp8="e4m3fn", bf16=True, int8_dot=True, subgroup_sizes=(64,), shared_memory_kb=160,
-                               note="MI355; iree-compile crashes (exit 248) on f16/bf16 decoder layers"),
-            "gfx1100": ArchCaps(fp8="none", bf16=True, int8_dot=True, subgroup_sizes=(32, 64), shared_memory_kb=64, note="RDNA3"),
-            "gfx1201": ArchCaps(fp8="e4m3fn", bf16=True, int8_dot=True, subgroup_sizes=(32, 64), shared_memory_kb=64, note="RDNA4"),
+            "gfx942": _gpu("e4m3fnuz", iree_name="gfx942", aliases=("mi300x", "mi300a", "mi325x", "cdna3"), note="MI300"),
+            "gfx950": _gpu("e4m3fn", shared_kb=160, iree_name="gfx950", aliases=("mi355x", "mi350x", "cdna4"),
+                           note="MI355; iree-compile crashed (exit 248) on another model's f16/bf16 decoder layers; the tiny Llama compiles"),
+            "gfx1100": _gpu(subgroups=(32, 64), iree_name="gfx1100", aliases=("rx7900xtx", "rx7900xt", "w7900", "rdna3"), note="RDNA3"),
+            "gfx1201": _gpu("e4m3fn", subgroups=(32, 64), iree_name="gfx1201", aliases=("rx9070xt", "rx9070", "r9700", "rdna4"), note="RDNA4"),
         },
         attention="fused",
         data_tiling=False,
-        dtypes=_planned_gpu(bf16=_planned("native"), fp8=_planned("native", "gfx942: E4M3FNUZ; gfx950/gfx12xx: E4M3FN; others emulated")),
+        dtypes=_gpu_dtypes(bf16=_impl("native"), fp8=_planned("native", "gfx942: E4M3FNUZ; gfx950/gfx12xx: E4M3FN; others emulated")),
         runs_here=False,
-        runs_how="compile only",
+        runs_how="compile only here (needs a ROCm GPU)",
     ),
     "xpu": TargetCaps(
         name="xpu",
         device="vulkan",
         backend="vulkan-spirv",
         default_arch="arc",
-        archs={"arc": ArchCaps(fp8="none", bf16=False, int8_dot=True, subgroup_sizes=(8, 16, 32), shared_memory_kb=64,
-                               note="Intel Arc A770-class; " + _SPIRV_NOTE)},
-        attention="fused",
+        archs={
+            "arc": _gpu(bf16=False, f64=False, subgroups=(32, 16), aliases=("a770", "a750", "alchemist", "dg2", "xe-hpg"),
+                        note="Intel Arc A-series (Xe-HPG); profile written by llmc; " + _SPIRV_NOTE),
+            "xe2": _gpu(bf16=False, f64=False, subgroups=(32, 16), aliases=("b580", "b570", "battlemage", "bmg", "lunarlake", "xe2-hpg"),
+                        note="Intel Arc B-series / Lunar Lake (Xe2); profile written by llmc; " + _SPIRV_NOTE),
+        },
+        attention="decompose",  # IREE's SPIR-V backend does not compile its fused attention op
         data_tiling=False,
-        dtypes=_planned_gpu(bf16=_planned("emulated", "bf16 storage, f16/f32 math"), fp8=_planned("emulated", "integer storage, f32 math")),
+        dtypes=_gpu_dtypes(bf16=_SPIRV_BF16, fp8=_SPIRV_FP8),
         runs_here=False,
-        runs_how="compile only",
+        runs_how="compile only here (needs an Intel GPU with a Vulkan driver); the same SPIR-V path runs here as --target=vulkan",
     ),
     "vulkan": TargetCaps(
         name="vulkan",
         device="vulkan",
         backend="vulkan-spirv",
         default_arch="llvmpipe",
-        archs={"llvmpipe": ArchCaps(fp8="none", bf16=False, int8_dot=True, subgroup_sizes=(8,), shared_memory_kb=32,
-                                    note="Mesa lavapipe; " + _SPIRV_NOTE)},
-        attention="fused",
+        # Subgroup sizes and shared memory as IREE 3.13's own table has them
+        # (iree-compile --compile-to=executable-targets --iree-vulkan-target=NAME).
+        archs={
+            "llvmpipe": _gpu(bf16=False, subgroups=(8,), shared_kb=32, iree_name="llvmpipe", aliases=("lavapipe",),
+                             note="Mesa's CPU Vulkan driver (lavapipe); " + _SPIRV_NOTE),
+            "rdna3": _gpu(bf16=False, subgroups=(32, 64), iree_name="rdna3", aliases=("rx7900xtx", "gfx1100")),
+            "rdna4": _gpu(bf16=False, subgroups=(32, 64), iree_name="rdna4", aliases=("rx9070xt", "gfx1201")),
+            "ampere": _gpu(bf16=False, subgroups=(32,), shared_kb=163, iree_name="ampere", aliases=("sm_80", "sm_86", "rtx3090"),
+                           note="on an NVIDIA driver f32 attention (P.V matmul fused with a transpose) returned NaN; check with llmc diff"),
+            "ada": _gpu(bf16=False, subgroups=(32,), shared_kb=99, iree_name="ada", aliases=("sm_89", "rtx4090", "l4"),
+                        note="as ampere"),
+            "pascal": _gpu(bf16=False, subgroups=(32,), shared_kb=48, iree_name="pascal", aliases=("sm_60", "sm_61"),
+                           note="the one NVIDIA-type target whose f16 ran right on an H100's Vulkan driver"),
+            "valhall4": _gpu(bf16=False, f64=False, subgroups=(16,), shared_kb=32, iree_name="valhall4", aliases=("mali-g715",), note="Arm Mali"),
+            "adreno": _gpu(bf16=False, f64=False, subgroups=(64,), shared_kb=32, iree_name="adreno", note="Qualcomm"),
+        },
+        attention="decompose",  # IREE's SPIR-V backend does not compile its fused attention op
         data_tiling=False,
-        dtypes=_planned_gpu(bf16=_planned("emulated", "as xpu"), fp8=_planned("emulated", "as xpu")),
+        dtypes=_gpu_dtypes(bf16=_SPIRV_BF16, fp8=_SPIRV_FP8),
         runs_here=True,
-        runs_how="on Mesa lavapipe (apt-get install mesa-vulkan-drivers libvulkan1), once implemented",
+        runs_how="on Mesa lavapipe (apt-get install mesa-vulkan-drivers libvulkan1) or any Vulkan GPU",
     ),
     "cuda": TargetCaps(
         name="cuda",
@@ -200,16 +272,17 @@ TARGETS: dict[str, TargetCaps] = {
         backend="cuda",
         default_arch="sm_90",
         archs={
-            "sm_80": ArchCaps(fp8="none", bf16=True, int8_dot=True, subgroup_sizes=(32,), shared_memory_kb=164, note="A100"),
-            "sm_86": ArchCaps(fp8="none", bf16=True, int8_dot=True, subgroup_sizes=(32,), shared_memory_kb=100),
-            "sm_89": ArchCaps(fp8="e4m3fn", bf16=True, int8_dot=True, subgroup_sizes=(32,), shared_memory_kb=100, note="L4/RTX 40"),
-            "sm_90": ArchCaps(fp8="e4m3fn", bf16=True, int8_dot=True, subgroup_sizes=(32,), shared_memory_kb=228, note="H100"),
+            "sm_80": _gpu(subgroups=(32,), shared_kb=163, iree_name="sm_80", aliases=("a100", "ampere"), note="A100"),
+            "sm_86": _gpu(subgroups=(32,), shared_kb=99, iree_name="sm_86", aliases=("a10", "a40", "rtx3090")),
+            "sm_89": _gpu("e4m3fn", subgroups=(32,), shared_kb=99, iree_name="sm_89", aliases=("l4", "l40s", "rtx4090", "ada"), note="L4/RTX 40"),
+            "sm_90": _gpu("e4m3fn", subgroups=(32,), shared_kb=99, aliases=("h100", "h200", "gh200", "hopper"),
+                          note="H100; IREE 3.13 lacks it: sm_89's capabilities under arch sm_90, written into the module"),
         },
         attention="fused",
         data_tiling=False,
-        dtypes=_planned_gpu(bf16=_planned("native"), fp8=_planned("emulated", "IREE 3.13 fails in LLVM translation of native fp8")),
+        dtypes=_gpu_dtypes(bf16=_impl("native"), fp8=_planned("emulated", "IREE 3.13 fails in LLVM translation of native fp8")),
         runs_here=False,
-        runs_how="on a lent NVIDIA GPU machine only",
+        runs_how="compile only here (needs an NVIDIA GPU; the iree-base-runtime wheel has the CUDA driver)",
     ),
 }
 
@@ -223,7 +296,7 @@ class ResolvedTarget:
     """
 
     caps: TargetCaps
-    arch: str  # as the user named it ("host" included)
+    arch: str  # the table's name ("host" or an LLVM CPU name on cpu)
     dtype: str
     dynamic: bool = False
     extra_flags: tuple[str, ...] = ()  # the user's --iree-flag values, after llmc's own (later flags win)
@@ -237,8 +310,19 @@ class ResolvedTarget:
         return self.caps.arch_caps(self.arch)
 
     @property
+    def compute_dtype(self) -> str:
+        """The dtype the program is exported in: --dtype itself, or f32 where it is emulated that way."""
+        return self.caps.dtypes[self.dtype].compute or self.dtype
+
+    @property
     def iree_flags(self) -> tuple[str, ...]:
-        return (*_flags(self.caps, self.arch, self.dtype, self.dynamic), *self.extra_flags)
+        return (*_flags(self.caps, self.arch, self.compute_dtype, self.dynamic), *self.extra_flags)
+
+    @property
+    def module_target(self) -> str | None:
+        """The `hal.device.targets` attribute llmc writes into the module for an arch IREE's table
+        lacks (Intel, sm_90); None where the flags name the target."""
+        return _module_target(self.caps.name, self.arch) if self.caps.backend != "llvm-cpu" and not self.arch_caps.iree_name else None
 
     def for_shapes(self, dynamic: bool) -> "ResolvedTarget":
         return dataclasses.replace(self, dynamic=dynamic)
@@ -277,9 +361,13 @@ def resolve(
             f"--dtype={dtype} on --target={target} is planned ({support.text()}), not implemented yet; use --dtype={done}"
         )
     arch = arch or caps.default_arch
-    if caps.backend != "llvm-cpu" and arch not in caps.archs:
-        raise UnsupportedTargetError(f"--arch={arch!r} is not an arch of --target={target}; known: {', '.join(caps.archs)}")
-    if caps.backend == "llvm-cpu" and arch != "host" and arch not in X86_CPUS:
+    if caps.backend != "llvm-cpu":
+        named = caps.canonical_arch(arch)
+        if named is None:
+            known = ", ".join(f"{n} ({'/'.join(a.aliases)})" if a.aliases else n for n, a in caps.archs.items())
+            raise UnsupportedTargetError(f"--arch={arch!r} is not an arch of --target={target}; known: {known}")
+        arch = named
+    elif arch != "host" and arch not in X86_CPUS:
         raise UnsupportedTargetError(
             f"--arch={arch!r} is not a CPU that IREE's LLVM knows for x86-64; use --arch=host or an "
             "LLVM CPU name such as cascadelake, icelake-server, znver4, x86-64-v3"
@@ -293,8 +381,19 @@ def resolve(
 
 
 def _flags(caps: TargetCaps, arch: str, dtype: str, dynamic: bool) -> list[str]:
-    if caps.backend != "llvm-cpu":  # pragma: no cover - resolve() refuses unimplemented targets
-        raise UnsupportedTargetError(f"--target={caps.name}: no flag set defined")
+    if caps.backend == "llvm-cpu":
+        return _cpu_flags(caps, arch, dtype, dynamic)
+    a = caps.arch_caps(arch)
+    flags = []
+    if a.iree_name:  # otherwise the module carries its target (ResolvedTarget.module_target)
+        option = {"rocm": "--iree-rocm-target", "cuda": "--iree-cuda-target", "vulkan-spirv": "--iree-vulkan-target"}[caps.backend]
+        flags += [f"--iree-hal-target-device={caps.device}", f"{option}={a.iree_name}"]
+    if a.f64:
+        flags.append("--iree-input-demote-f64-to-f32=false")  # f64 is kept, as on cpu
+    return flags
+
+
+def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, dynamic: bool) -> list[str]:
     flags = [
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
@@ -317,6 +416,39 @@ def _flags(caps: TargetCaps, arch: str, dtype: str, dynamic: bool) -> list[str]:
     return flags
 
 
+# ---------------------------------------------------------------------------------------------
+# Targets written into the module
+
+
+def _module_target(target: str, arch: str) -> str:
+    """The `hal.device.targets` attribute (MLIR text) for an arch IREE 3.13's table lacks."""
+    if target == "xpu":
+        subgroups = ", ".join(map(str, TARGETS["xpu"].archs[arch].subgroup_sizes))
+        wgp = _INTEL_WGP.format(subgroups=subgroups)
+        info = f'#iree_gpu.target<arch = "intel-{arch}", features = "{_INTEL_FEATURES}", wgp = <{wgp}>>'
+        return (
+            '[#hal.device.target<"vulkan", [#hal.executable.target<"vulkan-spirv", "vulkan-spirv-fb", '
+            f"{{iree_codegen.target_info = {info}}}>]> : !hal.device]"
+        )
+    if target == "cuda" and arch == "sm_90":
+        # sm_89's capability set (asked of this iree-compile, so it matches its attribute syntax) under
+        # the sm_90 name: LLVM's NVPTX backend then emits sm_90 code. Measured on an H100: the same
+        # results and speed as sm_89 PTX.
+        device = _iree_device_target(("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_89"))
+        return "[" + device.replace('arch = "sm_89"', 'arch = "sm_90"') + " : !hal.device]"
+    raise UnsupportedTargetError(f"--target={target} --arch={arch}: no module target defined")  # pragma: no cover
+
+
+@functools.lru_cache(maxsize=None)
+def _iree_device_target(flags: tuple[str, ...]) -> str:
+    """The `#hal.device.target<...>` iree-compile itself builds for `flags` (MLIR text)."""
+    out = _ask_iree(("--compile-to=executable-targets", *flags))
+    m = re.search(r"util\.global private @__device_0 = (#hal\.device\.target<.*>) : !hal\.device", out)
+    if not m:
+        raise UnsupportedTargetError(f"iree-compile did not report a device target for {' '.join(flags)}")
+    return m.group(1)
+
+
 def as_json() -> dict:
     """The table as `llmc targets --json` prints it."""
     out = {}
@@ -330,6 +462,18 @@ def as_json() -> dict:
 _TRIVIAL_MODULE = "func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }\n"
 
 
+def _ask_iree(flags: tuple[str, ...]) -> str:
+    """iree-compile's stdout for a trivial module under `flags` ("" if it failed)."""
+    from iree.compiler.tools.binaries import find_tool
+
+    with tempfile.TemporaryDirectory(prefix="llmc-target-") as d:
+        src = os.path.join(d, "t.mlir")
+        with open(src, "w") as f:
+            f.write(_TRIVIAL_MODULE)
+        proc = subprocess.run([find_tool("iree-compile"), src, *flags], capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else ""
+
+
 @functools.lru_cache(maxsize=None)
 def llvm_cpu_features(arch: str) -> tuple[str, tuple[str, ...]]:
     """(resolved CPU name, enabled features) that IREE compiles for `arch` ("host" included).
@@ -337,32 +481,20 @@ def llvm_cpu_features(arch: str) -> tuple[str, tuple[str, ...]]:
     Asked of iree-compile itself (the executable configuration names both), so every CPU name LLVM
     knows is covered without a table of our own. ("", ()) if iree-compile can't tell.
     """
-    from iree.compiler.tools.binaries import find_tool
-
-    with tempfile.TemporaryDirectory(prefix="llmc-cpu-") as d:
-        src = os.path.join(d, "t.mlir")
-        with open(src, "w") as f:
-            f.write(_TRIVIAL_MODULE)
-        proc = subprocess.run(
-            [
-                find_tool("iree-compile"),
-                src,
-                "--iree-hal-target-device=local",
-                "--iree-hal-local-target-device-backends=llvm-cpu",
-                f"--iree-llvmcpu-target-cpu={arch}",
-                "--compile-to=executable-configurations",
-            ],
-            capture_output=True,
-            text=True,
-        )
-    if proc.returncode != 0:
+    out = _ask_iree((
+        "--iree-hal-target-device=local",
+        "--iree-hal-local-target-device-backends=llvm-cpu",
+        f"--iree-llvmcpu-target-cpu={arch}",
+        "--compile-to=executable-configurations",
+    ))
+    if not out:
         return "", ()
 
     def attr(key: str) -> str:
-        start = proc.stdout.find(f'{key} = "')
+        start = out.find(f'{key} = "')
         if start < 0:
             return ""
-        text = proc.stdout[start + len(key) + 4 :]
+        text = out[start + len(key) + 4 :]
         return text[: text.find('"')]
 
     features = {f[1:] for f in attr("cpu_features").split(",") if f.startswith("+")}

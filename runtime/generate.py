@@ -192,7 +192,7 @@ class Generator:
         length = len(prompt)
         while True:
             logits, cache = out[0], out[1:]
-            row = np.asarray(logits.to_host() if hasattr(logits, "to_host") else logits).reshape(-1)
+            row = self.module.host(logits).reshape(-1)
             if not np.isfinite(row.astype(np.float32)).all():
                 raise RuntimeCallError(f"{self.module.vmfb.name}: the module returned non-finite logits at position {length}")
             tok = sample(row.astype(np.float32), rng, temperature, top_k, top_p)

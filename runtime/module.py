@@ -187,21 +187,6 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def usable_devices() -> list[str]:
-    """IREE drivers this process can create a device with (a GPU driver whose library or device is
-    missing is left out): what `--device` can name here."""
-    import iree.runtime as rt
-
-    out = []
-    for name in rt.query_available_drivers():
-        try:
-            if rt.get_driver(name).query_available_devices():
-                out.append(name)
-        except Exception:  # the driver's library or device is missing on this machine
-            continue
-    return out or ["none"]
-
-
 class Module:
     """A loaded llmc module. Call it like the PyTorch model; entry points are attributes too."""
 
@@ -250,12 +235,9 @@ class Module:
 
             if self.threads:
                 rt.flags.parse_flags(f"--task_topology_group_count={int(self.threads)}")
-            try:
-                config = rt.Config(self.device_name)
-            except Exception as e:
-                raise RuntimeLoadError(
-                    f"device {self.device_name!r}: IREE could not create it ({_first_line(e)}); usable here: {', '.join(usable_devices())}"
-                ) from e
+            from llmc.runtime.device import open_device
+
+            config = open_device(self.manifest, self.device_name, self.vmfb)
             try:
                 modules = []
                 if self.params is not None:
@@ -274,8 +256,7 @@ class Module:
         it = iter(values)
 
         def to_torch(v):
-            arr = v.to_host() if hasattr(v, "to_host") else np.asarray(v)
-            return dtypes.to_torch(arr)  # a copy: device memory is not ours to keep
+            return dtypes.to_torch(self.host(v))  # a copy: device memory is not ours to keep
 
         def build(s):
             kind = s["type"]
@@ -295,6 +276,25 @@ class Module:
             raise RuntimeLoadError(f"{self.vmfb}: unknown output structure {kind!r} in the manifest")
 
         return build(structure)
+
+    def host(self, value) -> np.ndarray:
+        """A result's values on the host.
+
+        Results that live in device memory IREE cannot map are copied through a staging buffer the
+        device allocates. (iree.runtime's own copy imports an ordinary numpy array instead, which a
+        Vulkan driver such as lavapipe refuses: "host allocation import pointer does not satisfy
+        Vulkan minImportedHostPointerAlignment 4096".)
+        """
+        if not hasattr(value, "to_host"):
+            return np.asarray(value)
+        if value.is_host_accessible or self.device_driver != "vulkan":
+            return value.to_host()
+        return _staged_copy(value, self._device)
+
+    @property
+    def device_driver(self) -> str:
+        """The IREE driver name of the device this module runs on ("vulkan" for "vulkan://0")."""
+        return self.device_name.split(":", 1)[0]
 
     @property
     def _device(self):
@@ -369,6 +369,23 @@ class Module:
 
     def __repr__(self):
         return f"<llmc.Module {self.vmfb.name} target={self.manifest.get('target', {}).get('name')} entries={list(self.entry_points)}>"
+
+
+def _staged_copy(value, device) -> np.ndarray:
+    """Copy a device array into a host-visible buffer the device allocated, then read that."""
+    import iree.runtime as rt
+
+    source = value._buffer_view.get_buffer()
+    staging = device.allocator.allocate_buffer(
+        memory_type=int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
+        allowed_usage=int(rt.BufferUsage.TRANSFER_TARGET | rt.BufferUsage.MAPPING_SCOPED),
+        allocation_size=source.byte_length(),
+    )
+    sem = device.create_semaphore(0)
+    device.queue_copy(source, staging, wait_semaphores=rt.HalFence.create_at(sem, 0), signal_semaphores=rt.HalFence.create_at(sem, 1))
+    rt.HalFence.create_at(sem, 1).wait()
+    mapped = staging.map()
+    return np.array(mapped.asarray(tuple(value.shape), value._get_raw_dtype()), copy=True)
 
 
 def load(path_or_artifact, device: str | None = None, *, threads: int | None = None) -> Module:

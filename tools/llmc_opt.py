@@ -1,7 +1,7 @@
 """llmc-opt: run llmc's passes by name on a .mlir file or a .pt2 archive and print the torch-dialect IR.
 
     llmc-opt IN.mlir --pass log10-to-log                 # IR passes on torch-dialect MLIR
-    llmc-opt IN.pt2 --pass cpu-attention                 # graph passes, then import: prints the MLIR
+    llmc-opt IN.pt2 --pass decompose-attention                 # graph passes, then import: prints the MLIR
     llmc-opt IN.pt2 --pipeline --target cpu --dtype bf16 # exactly the passes `llmc compile` would run
     llmc-opt --list                                      # every registered pass and its kind
 

@@ -281,8 +281,8 @@ class LlamaDecode(nn.Module):
             # the same tensor.extract_slice, fused into the attention's consumers (no copy).
             keys = torch.ops.aten.slice_copy.Tensor(kc, 2, 0, n)
             values = torch.ops.aten.slice_copy.Tensor(vc, 2, 0, n)
-            # Plain SDPA: GPU targets fuse it; on llvm-cpu the cpu-attention pass writes one-query-row
-            # attention as f32 multiply + sum without expanding the cache (passes/cpu_attention.py).
+            # Plain SDPA: GPU targets fuse it; on llvm-cpu the decompose-attention pass writes one-query-row
+            # attention as f32 multiply + sum without expanding the cache (passes/decompose_attention.py).
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
             h = h + attn.out(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))

@@ -72,7 +72,7 @@ COMPILE_BAD_FLAGS = [
     ("unknown-target", ["--target", "tpu"], ["--target", "tpu"]),
     ("unknown-arch", ["--arch", "pentium9000"], ["--arch", "pentium9000"]),
     ("unknown-dtype", ["--dtype", "f12"], ["--dtype", "f12"]),
-    ("planned-target", ["--target", "hip"], ["--target", "hip"]),
+    ("unknown-gpu-arch", ["--target", "hip", "--arch", "gfx90a"], ["--arch", "gfx90a"]),
     ("planned-dtype", ["--dtype", "fp8"], ["--dtype", "fp8"]),
     ("config-not-llama", ["--config", "tiny"], ["--config", "Llama weights files"]),
     ("max-seq-len-not-llama", ["--max-seq-len", "64"], ["--max-seq-len", "Llama checkpoints"]),

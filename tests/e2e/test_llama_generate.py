@@ -281,7 +281,7 @@ def test_llm_only_options_are_refused_with_one_line(checkpoints, compiled, plain
         (("diff", root / "hf", compiled["hf"].vmfb, "--target", "hip"), "--target=hip: "),
         (("run", compiled["hf"].vmfb, "--prompt-ids", "1,2", "--threads", "0"), "--threads 0: give 1 or more"),
         (("run", compiled["hf"].vmfb, "--prompt-ids", "1,2", "--threads", "-1"), "--threads -1: give 1 or more"),
-        (("run", compiled["hf"].vmfb, "--prompt-ids", "1,2", "--device", "cuda"), "usable here: local-sync, local-task"),
+        (("run", compiled["hf"].vmfb, "--prompt-ids", "1,2", "--device", "cuda"), "compiled for cpu:host, which runs on IREE's local-task or local-sync driver, not 'cuda'; use --device=local-task"),
         # no abbreviations: --prompt-id is not --prompt-ids
         (("run", compiled["hf"].vmfb, "--prompt-id", "1,2"), "--prompt-id"),
     ]
@@ -309,4 +309,4 @@ def test_info_names_dims_and_groups_the_cache(checkpoints, compiled):
     assert "int64[1, seq:2.." in entries["prefill"] and f"{n_cache} x float32[1, " in entries["prefill"]
     assert "int64[1, kv_len:1.." in entries["decode"]
     assert any(l.startswith("cpu:") and "avx" in l for l in r.stdout.splitlines())  # the CPU features compiled for
-    assert "cpu-attention (graph: rewrote" in r.stdout and "decode " in r.stdout
+    assert "decompose-attention (graph: rewrote" in r.stdout and "decode " in r.stdout

@@ -31,7 +31,7 @@ def test_list_names_every_pass_with_its_kind(tmp_path):
         (("notes.txt",), ["notes.txt", "expected a .mlir or .pt2"]),
         (("bad.mlir",), ["bad.mlir", "not parseable MLIR"]),
         ((HERE / "log10_to_log.mlir", "--pass", "nope"), ["--pass nope", "no such pass"]),
-        ((HERE / "log10_to_log.mlir", "--pass", "cpu-attention"), ["--pass cpu-attention", "graph pass runs on a .pt2"]),
+        ((HERE / "log10_to_log.mlir", "--pass", "decompose-attention"), ["--pass decompose-attention", "graph pass runs on a .pt2"]),
         ((HERE / "log10_to_log.mlir", "--pass", "log10-to-log", "--pipeline"), ["--pass and --pipeline"]),
         ((HERE / "log10_to_log.mlir", "--target", "tpu"), ["--target='tpu'"]),
     ],

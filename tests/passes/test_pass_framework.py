@@ -35,11 +35,17 @@ def test_pass_files_register_on_import():
 
 def test_gating_follows_typed_caps():
     cpu = pipeline.build(targets.resolve("cpu", None, "f32"))
-    assert [p.name for p in cpu.graph] == ["slice-copy", "cpu-attention"]
-    assert cpu.skipped == [{"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8, compiling f32"}]
-    hip = pipeline.build(targets.resolve("hip", "gfx942", "bf16", allow_planned=True))
+    assert [p.name for p in cpu.graph] == ["slice-copy", "decompose-attention"]
+    assert cpu.skipped == [
+        {"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8, compiling f32"},
+        {"name": "bf16-weights", "reason": "needs backend vulkan-spirv, target cpu uses llvm-cpu"},
+    ]
+    vk = pipeline.build(targets.resolve("vulkan", None, "bf16"))
+    assert [p.name for p in vk.graph] == ["slice-copy", "decompose-attention", "bf16-weights"]
+    assert [s["name"] for s in vk.skipped] == ["log10-to-log"]
+    hip = pipeline.build(targets.resolve("hip", "gfx942", "bf16"))
     names = {s["name"]: s["reason"] for s in hip.skipped}
-    assert "cpu-attention" in names and "'decompose'" in names["cpu-attention"] and "'fused'" in names["cpu-attention"]
+    assert "decompose-attention" in names and "'decompose'" in names["decompose-attention"] and "'fused'" in names["decompose-attention"]
     assert "log10-to-log" in names and "llvm-cpu" in names["log10-to-log"]
     assert [p.name for p in hip.source] == ["retarget-casts"]
 
@@ -64,7 +70,7 @@ def test_decomposition_counts_each_node_once():
     for entry in ("prefill", "decode"):  # the same node name in two entry points counts twice
         out = pipeline.run_graph(plan, ep, entry)
     stats = {s["name"]: s for s in plan.stats()}
-    assert stats["cpu-attention"]["rewrote"] == 2 and stats["cpu-attention"]["forms"] == {"general": 2}
+    assert stats["decompose-attention"]["rewrote"] == 2 and stats["decompose-attention"]["forms"] == {"general": 2}
     assert not any("scaled_dot_product" in str(n.target) for n in out.graph.nodes)
 
 

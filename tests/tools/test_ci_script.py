@@ -69,9 +69,11 @@ def junit_suite(xml_path: Path):
 
 @needs_reports
 def test_ci_runs_the_matrix_and_writes_reports(tmp_path):
+    from llmc.runtime.device import usable_devices
+
     model, args, _ = zoo.build("linear_stack")
     torch.export.save(torch.export.export(model, args), str(tmp_path / "tiny.pt2"))
-    proc = run_ci("tiny.pt2", "--targets", "cpu,hip", "--dtypes", "f32", "--reports", "rep", "--out", "arts", cwd=tmp_path)
+    proc = run_ci("tiny.pt2", "--targets", "cpu,hip,vulkan", "--dtypes", "f32,fp8", "--reports", "rep", "--out", "arts", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rep = tmp_path / "rep"
 
@@ -81,21 +83,36 @@ def test_ci_runs_the_matrix_and_writes_reports(tmp_path):
     assert diff_report["passed"] is True and diff_report["target"] == "cpu" and diff_report["dtype"] == "f32"
     cases = junit_cases(rep / "tiny-cpu-f32.xml")
     assert cases and set(cases.values()) == {"ok"}, cases
+    assert junit_suite(rep / "tiny-cpu-f32.xml").failures == 0
 
-    # hip is planned: recorded as skipped, nothing compiled.
-    assert junit_cases(rep / "tiny-hip-f32.xml") == {"compile": "skipped", "diff": "skipped"}
+    # hip compiles here but does not run: the compile is recorded, the run skipped.
+    assert (tmp_path / "arts" / "tiny-hip-f32" / "tiny.vmfb").stat().st_size > 0
+    assert junit_cases(rep / "tiny-hip-f32.xml") == {"compile": "ok", "diff": "skipped"}
     hip = junit_suite(rep / "tiny-hip-f32.xml")
-    assert (hip.name, hip.tests, hip.skipped) == ("tiny-hip-f32", 2, 2)
+    assert (hip.name, hip.tests, hip.skipped) == ("tiny-hip-f32", 2, 1)
     assert {p.name: p.value for p in hip.properties()} == {"target": "hip", "dtype": "f32"}
     assert {c.classname for c in hip} == {"llmc.ci.tiny-hip-f32"}
-    assert all(r.message.startswith("target hip is planned") for c in hip for r in c.result)
-    assert junit_suite(rep / "tiny-cpu-f32.xml").failures == 0
-    assert not (tmp_path / "arts" / "tiny-hip-f32").exists()
+
+    # vulkan runs where a Vulkan driver is (lavapipe in CI): diffed like cpu; else compile only.
+    if "vulkan" in usable_devices():
+        vk = json.loads((rep / "tiny-vulkan-f32.json").read_text())
+        assert vk["passed"] is True and vk["target"] == "vulkan"
+    else:
+        assert junit_cases(rep / "tiny-vulkan-f32.xml") == {"compile": "ok", "diff": "skipped"}
+
+    # fp8 is planned everywhere: recorded as skipped, nothing compiled.
+    for target in ("cpu", "hip", "vulkan"):
+        assert junit_cases(rep / f"tiny-{target}-fp8.xml") == {"compile": "skipped", "diff": "skipped"}
+        assert all(r.message.startswith(f"fp8 on {target} is planned") for c in junit_suite(rep / f"tiny-{target}-fp8.xml") for r in c.result)
+        assert not (tmp_path / "arts" / f"tiny-{target}-fp8").exists()
 
     summary = json.loads((rep / "summary.json").read_text())
     assert summary["exit_code"] == 0
-    assert [(c["cell"], c["status"]) for c in summary["cells"]] == [("tiny-cpu-f32", "passed"), ("tiny-hip-f32", "skipped")]
-    assert "1 passed, 1 skipped" in proc.stdout
+    assert [(c["cell"], c["status"]) for c in summary["cells"]] == [
+        ("tiny-cpu-f32", "passed"), ("tiny-cpu-fp8", "skipped"), ("tiny-hip-f32", "passed"), ("tiny-hip-fp8", "skipped"),
+        ("tiny-vulkan-f32", "passed"), ("tiny-vulkan-fp8", "skipped"),
+    ]
+    assert "3 passed, 3 skipped" in proc.stdout
 
 
 def test_ci_failing_cell_fails_the_run(tmp_path):
@@ -184,12 +201,12 @@ def test_workflow_installs_llmc_runs_the_script_and_publishes_junit():
 
 def test_hf_checkpoint_folder_is_a_model(tmp_path):
     """An HF checkpoint is a folder, not a file: the script takes it (it used to stop at "no such file").
-    A planned target keeps the run cheap: the cell is recorded as skipped, named after the folder."""
+    A planned dtype keeps the run cheap: the cell is recorded as skipped, named after the folder."""
     ck = tmp_path / "tiny-hf"
     subprocess.run([sys.executable, str(REPO / "tools" / "make_checkpoint.py"), "--config", "tiny", "--format", "hf", "--out", str(ck)],
                    check=True, capture_output=True)
-    proc = run_ci(ck, "--targets", "hip", "--dtypes", "f32", "--reports", "rep", "--out", "arts", cwd=tmp_path)
+    proc = run_ci(ck, "--targets", "hip", "--dtypes", "fp8", "--reports", "rep", "--out", "arts", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert junit_cases(tmp_path / "rep" / "tiny-hf-hip-f32.xml") == {"compile": "skipped", "diff": "skipped"}
+    assert junit_cases(tmp_path / "rep" / "tiny-hf-hip-fp8.xml") == {"compile": "skipped", "diff": "skipped"}
     missing = run_ci(tmp_path / "nope", cwd=tmp_path)
     assert missing.returncode == 2 and "no such file or folder" in missing.stderr

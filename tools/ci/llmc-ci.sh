@@ -17,9 +17,12 @@
 #   writes the JUnit files llmc diff does not, so it must be the python llmc is installed in.
 #
 # Per cell (CELL = MODELSTEM-TARGET-DTYPE), as `llmc targets` describes the target:
-#   runs here (cpu)           llmc compile, then llmc diff MODEL OUT.vmfb --junit reports/CELL.xml
-#                             --json reports/CELL.json
-#   compile only (a GPU)      llmc compile; reports/CELL.xml records the compile and a skipped run
+#   runs here (cpu; vulkan    llmc compile, then llmc diff MODEL OUT.vmfb --junit reports/CELL.xml
+#     where a Vulkan driver     --json reports/CELL.json
+#     such as lavapipe is)
+#   compile only (hip, xpu,   llmc compile; reports/CELL.xml records the compile and a skipped run
+#     cuda; vulkan without
+#     a Vulkan driver)
 #   planned / not supported   recorded as skipped in reports/CELL.xml
 # Logs: reports/CELL.compile.log, reports/CELL.diff.log. Summary: reports/summary.json + stdout.
 #
@@ -85,6 +88,15 @@ cell_mode() {
 import json, os, sys
 target, dtype = sys.argv[1], sys.argv[2]
 table = json.loads(os.environ["TARGETS_JSON"])
+
+
+def usable(device):  # a device of this family can be opened here (vulkan needs a Vulkan driver)
+    if device == "local":
+        return True
+    from llmc.runtime.device import usable_devices
+    return device in usable_devices()
+
+
 caps = table.get(target)
 if caps is None:
     print(f"unknown:'{target}' is not an llmc target (known: {', '.join(table)})")
@@ -96,7 +108,7 @@ else:
         print(f"unknown:'{dtype}' is not an llmc dtype (known: {', '.join(caps['dtypes'])})")
     elif support["state"] != "implemented":
         print(f"skip:{dtype} on {target} is {support['state']} ({support['how']})")
-    elif caps["runs_here"]:
+    elif caps["runs_here"] and usable(caps["device"]):
         print("run")
     else:
         print("compile")

@@ -26,7 +26,7 @@ torch.export.save(torch.export.export(Attn(), args), sys.argv[1])
 # CPU-NOT:   scaled_dot_product
 # CPU:       torch.aten.bmm
 
-# STATS:       "name": "cpu-attention"
+# STATS:       "name": "decompose-attention"
 # STATS:       "forms": {
 # STATS-NEXT:  "general": 1
 # STATS-NEXT:  }

@@ -3,7 +3,7 @@
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
 # A decode step (one query row, GQA, a float mask over a dynamic cache length) gets the f32
 # multiply + sum form; a prefill (causal, many rows) gets torch-mlir's decomposition (matmuls).
-# Both lines fail if cpu-attention leaves the cpu pipeline.
+# Both lines fail if decompose-attention leaves the cpu pipeline.
 import sys
 
 import torch
@@ -36,7 +36,7 @@ torch.export.save(torch.export.export(Attn(), args, dynamic_shapes=dyn), sys.arg
 # CHECK:       torch.aten.bmm
 # CHECK-NOT:   scaled_dot_product
 
-# STATS:       "name": "cpu-attention"
+# STATS:       "name": "decompose-attention"
 # STATS:       "rewrote": 2
 # STATS:       "decode": 1
 # STATS-NEXT:  "general": 1

@@ -1,24 +1,37 @@
-"""cpu-attention: scaled_dot_product_attention written out for IREE's llvm-cpu backend.
+"""decompose-attention: scaled_dot_product_attention written out for IREE's llvm-cpu and SPIR-V backends.
 
 Matches:  every `aten.scaled_dot_product_attention` in the exported program, on targets whose
-          attention mode is "decompose" (llvm-cpu). GPU targets keep SDPA whole: IREE forms its fused
-          attention op from it (this pass is skipped there).
+          attention mode is "decompose" (llvm-cpu, vulkan, xpu). hip and cuda keep SDPA whole: IREE
+          forms its fused attention op from it (this pass is skipped there).
 Produces, per call:
   - "decode" form, for one query row against keys/values of any length (a decode step):
         q [B, Hq, 1, D], k/v [B, Hk, L, D], G = Hq / Hk query heads per KV head
         scores[B, Hk, G, L] = sum_D(q as [B, Hk, G, 1, D] * k as [B, Hk, 1, L, D]) * scale + mask
         out = sum_L(softmax(scores) as [.., L, 1] * v as [B, Hk, 1, L, D]) -> [B, Hq, 1, D]
     all in f32, as multiply + sum reductions, with no batch matmul and no expanded KV cache;
+  - "half-matmul" form, on SPIR-V targets for f16 q/k/v (prefill and decode alike):
+        scores = (q * scale as [B, Hk, G*S, D]) @ k^T   in f16 (IREE accumulates in f32)
+        p = softmax(scores in f32 + mask) -> f16;  out = p @ v  in f16 -> [B, Hq, S, D]
+    no f16 -> f32 conversion of q, k or v before a contraction;
   - "general" form, for everything else (prefill, causal masks, dropout): torch-mlir's own
     decomposition (matmul, additive float mask, softmax, matmul), which keeps PyTorch's masking
     semantics exactly.
-Safe because: both forms compute softmax(q k^T * scale + mask) v as PyTorch defines it; the decode
+Safe because: all forms compute softmax(q k^T * scale + mask) v as PyTorch defines it; the decode
     form accumulates in f32 (at least eager's precision) and casts back to q's dtype. A bool mask is
     applied as "keep where True"; a float mask is added.
-Why: IREE 3.13's fused CPU attention runs ~9x slower than the decomposed form, and a decode step's
+Why: IREE 3.13's SPIR-V backend cannot compile its fused attention op at all ("'iree_linalg_ext.
+    online_attention' op result #0 must be variadic of ranked tensor ..., but got 'memref<...>'",
+    tiny Llama, --iree-vulkan-target=llvmpipe). On llvm-cpu the fused op runs ~9x slower than the
+    decomposed form, and a decode step's
     attention as a batch matmul whose reduction dim is the dynamic cache length crashes IREE's data
     tiling ("'affine.delinearize_index' op no basis element may be statically non-positive"); a
     decode step is a matrix-vector product that gains nothing from tiling anyway.
+    The half-matmul form routes around an IREE 3.13 SPIR-V bug: converting q to f32 right after
+    RoPE (as the other forms and torch's own decomposition do) makes IREE clone RoPE's gather into
+    the attention matmul's dispatch, which then fails to compile for subgroup-size-8 targets
+    (lavapipe): "failed to legalize operation 'memref.alloc' ... memref<16xindex,
+    #spirv.storage_class<Workgroup>>". Keeping the matmuls in f16 (as GPU attention kernels do:
+    f16 operands, f32 accumulation, softmax in f32) leaves no conversion to clone.
 """
 
 from __future__ import annotations
@@ -48,6 +61,48 @@ def _decode_form_refusal(q, k, v, attn_mask, dropout_p, is_causal) -> str | None
     return None
 
 
+def _half_matmul_refusal(q, k, v, attn_mask, dropout_p, is_causal) -> str | None:
+    """Why the half-matmul form does not apply to this call (None when it does)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "not 4-d [B, H, S, D]"
+    if q.dtype != torch.float16 or k.dtype != torch.float16 or v.dtype != torch.float16:
+        return "not f16"
+    if dropout_p != 0.0:
+        return "dropout"
+    hq, hk = q.shape[1], k.shape[1]
+    if not isinstance(hq, int) or not isinstance(hk, int) or hk == 0 or hq % hk:
+        return "query heads not a multiple of KV heads"
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+        return "batch dims differ"
+    if attn_mask is not None and (attn_mask.dim() != 4 or attn_mask.shape[1] not in (1, hq)):
+        return "mask not [B or 1, 1 or Hq, S, L]"
+    return None
+
+
+def half_matmul_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """softmax(q k^T * scale + mask) v with f16 matmuls, f32 softmax, grouped-query heads folded into rows."""
+    b, hq, s, d = q.shape
+    hk, length, dv = k.shape[1], k.shape[2], v.shape[-1]
+    g = hq // hk
+    scale = d**-0.5 if scale is None else scale
+    qg = (q * scale).reshape(b, hk, g * s, d)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float().reshape(b, hk, g, s, length)
+    if is_causal:  # PyTorch aligns the causal mask top-left: query i sees keys 0..i
+        keep = torch.arange(length, device=q.device).unsqueeze(0) <= torch.arange(s, device=q.device).unsqueeze(1)
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.shape[1] == 1:
+            mask = attn_mask.unsqueeze(1)  # [B or 1, 1, 1, S or 1, L] broadcasts as it is
+        else:
+            mask = attn_mask.expand(b, hq, s, length).reshape(b, hk, g, s, length)
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + mask.float()
+    p = torch.softmax(scores, dim=-1).to(q.dtype).reshape(b, hk, g * s, length)
+    return torch.matmul(p, v).reshape(b, hq, s, dv)
+
+
 def decode_attention(q, k, v, attn_mask=None, scale=None):
     """softmax(q k^T * scale + mask) v for q with one row, grouped-query, as f32 multiply + sum."""
     b, hq, _, d = q.shape
@@ -71,15 +126,20 @@ def decode_attention(q, k, v, attn_mask=None, scale=None):
     return o.to(q.dtype).reshape(b, hq, 1, v.shape[-1])
 
 
-@register_pass("cpu-attention", Requires(attention="decompose"))
-class CpuAttentionPass(DecompositionPass):
+@register_pass("decompose-attention", Requires(attention="decompose"))
+class DecomposeAttentionPass(DecompositionPass):
     def decompositions(self) -> dict:
         from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
         table = get_decomposition_table()
         general = table[SDPA]
 
+        spirv = self.ctx.caps.backend == "vulkan-spirv"
+
         def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+            if spirv and _half_matmul_refusal(q, k, v, attn_mask, dropout_p, is_causal) is None:
+                self.rewrote_here("half-matmul")
+                return half_matmul_attention(q, k, v, attn_mask, is_causal, scale)
             if _decode_form_refusal(q, k, v, attn_mask, dropout_p, is_causal) is None:
                 self.rewrote_here("decode")
                 return decode_attention(q, k, v, attn_mask, scale)

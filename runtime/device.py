@@ -1,0 +1,142 @@
+"""The IREE device a module runs on: chosen from its manifest, checked against the module, opened.
+
+    config = open_device(manifest, requested="vulkan://0", vmfb=path)   # an iree.runtime.Config
+
+A module can only run on the HAL driver it was compiled for (llvm-cpu -> local-task/local-sync,
+SPIR-V -> vulkan, rocm -> hip, cuda -> cuda); anything else is refused with the drivers that are
+usable here, before IREE is asked. A SPIR-V module is also checked against the Vulkan device itself
+(runtime/vulkan_probe.py): IREE runs a module built for another subgroup size with no error and
+wrong results, so a device without one of the module's subgroup sizes, or without a shader feature
+its dtype needs, is refused.
+
+Device names: a driver ("vulkan", "local-task"), IREE's `driver://path` form, or `driver://N` for the
+N-th device the driver lists (llmc's shorthand; IREE's Vulkan driver itself only takes paths).
+"""
+
+from __future__ import annotations
+
+from llmc.errors import RuntimeLoadError
+
+# The IREE device family in the manifest -> the runtime drivers that run it.
+DRIVERS = {"local": ("local-task", "local-sync"), "vulkan": ("vulkan",), "hip": ("hip",), "cuda": ("cuda",)}
+# A runtime driver -> the llmc targets that compile for it (for the hint in a refusal).
+_TARGETS_FOR = {"local-task": "cpu", "local-sync": "cpu", "vulkan": "vulkan or xpu", "hip": "hip", "cuda": "cuda"}
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def usable_devices() -> list[str]:
+    """IREE drivers this process can create a device with (a GPU driver whose library or device is
+    missing is left out): what `--device` can name here."""
+    import iree.runtime as rt
+
+    out = []
+    for name in rt.query_available_drivers():
+        try:
+            if rt.get_driver(name).query_available_devices():
+                out.append(name)
+        except Exception:  # the driver's library or device is missing on this machine
+            continue
+    return out or ["none"]
+
+
+def _listed_devices(driver: str) -> list[dict]:
+    import iree.runtime as rt
+
+    try:
+        return list(rt.get_driver(driver).query_available_devices())
+    except Exception:
+        return []
+
+
+def _what(target: dict) -> str:
+    return f"{target.get('name', '?')}:{target.get('arch', '?')}"
+
+
+def resolve_name(manifest: dict, requested: str | None, vmfb) -> tuple[str, str, dict | None]:
+    """(IREE device name to open, driver, the driver's entry for that device or None for local)."""
+    target = manifest.get("target", {})
+    family = target.get("device", "local")
+    allowed = DRIVERS.get(family, (family,))
+    name = requested or manifest.get("runtime_device") or allowed[0]
+    driver, _, path = name.partition("://")
+    if driver not in allowed:
+        raise RuntimeLoadError(
+            f"{vmfb}: compiled for {_what(target)}, which runs on IREE's {' or '.join(allowed)} driver, not {driver!r}; "
+            f"use --device={allowed[0]}"
+            + (f", or recompile with --target={_TARGETS_FOR[driver]} to run on {driver}" if driver in _TARGETS_FOR else "")
+        )
+    if driver.startswith("local"):
+        return name, driver, None
+    listed = _listed_devices(driver)
+    if not listed:
+        raise RuntimeLoadError(
+            f"{vmfb}: compiled for {_what(target)}; no {driver} device here (usable here: {', '.join(usable_devices())})"
+        )
+    if not path:
+        return name, driver, listed[0]
+    if path.isdigit():
+        if int(path) >= len(listed):
+            raise RuntimeLoadError(f"--device={name}: this machine has {len(listed)} {driver} device(s), numbered from 0")
+        entry = listed[int(path)]
+        return f"{driver}://{entry['path']}", driver, entry
+    for entry in listed:
+        if entry.get("path") == path:
+            return name, driver, entry
+    known = ", ".join(f"{driver}://{i} ({e.get('name')})" for i, e in enumerate(listed))
+    raise RuntimeLoadError(f"--device={name}: no such {driver} device; here: {known}")
+
+
+def check_vulkan(target: dict, iree_name: str, vmfb) -> None:
+    """Refuse a Vulkan device that lacks the module's subgroup size or a shader feature it needs."""
+    from llmc.runtime import vulkan_probe
+
+    needs = target.get("requires") or {}
+    try:
+        devices = vulkan_probe.probe()
+    except vulkan_probe.VulkanUnavailable as e:
+        raise RuntimeLoadError(f"{vmfb}: cannot inspect the Vulkan device to check it fits the module: {e}") from e
+    matches = [d for d in devices if iree_name.startswith(d.name)]
+    if not matches:
+        raise RuntimeLoadError(
+            f"{vmfb}: the Vulkan device {iree_name!r} is not among those the Vulkan loader lists "
+            f"({', '.join(d.name for d in devices)}); cannot check it fits the module"
+        )
+    dev = matches[0]
+    sizes = needs.get("subgroup_sizes") or []
+    if sizes and not any(dev.supports_subgroup_size(n) for n in sizes):
+        have = (
+            str(dev.subgroup_size) if dev.min_subgroup_size == dev.max_subgroup_size
+            else f"{dev.min_subgroup_size}..{dev.max_subgroup_size}"
+        )
+        raise RuntimeLoadError(
+            f"{vmfb}: compiled for {_what(target)} (subgroup size {'/'.join(map(str, sizes))}); the device "
+            f"{dev.name!r} has subgroup size {have}, and IREE would run the module with wrong results. "
+            "Recompile for this device's --arch"
+        )
+    for need, have, what in (
+        (needs.get("float16"), dev.shader_float16, "shaderFloat16 (f16 arithmetic)"),
+        (needs.get("float64"), dev.shader_float64, "shaderFloat64 (f64 arithmetic)"),
+    ):
+        if need and not have:
+            raise RuntimeLoadError(f"{vmfb}: the module needs {what}; the Vulkan device {dev.name!r} lacks it")
+
+
+def open_device(manifest: dict, requested: str | None, vmfb):
+    """An iree.runtime.Config on the device the module should run on, after the checks above."""
+    import iree.runtime as rt
+
+    name, driver, entry = resolve_name(manifest, requested, vmfb)
+    if driver == "vulkan":
+        check_vulkan(manifest.get("target", {}), entry.get("name", ""), vmfb)
+    try:
+        if driver.startswith("local"):
+            return rt.Config(name)
+        return rt.Config(device=rt.get_device(name))
+    except Exception as e:
+        raise RuntimeLoadError(
+            f"device {name!r}: IREE could not create it ({_first_line(e)}); usable here: {', '.join(usable_devices())}"
+        ) from e

@@ -1,0 +1,198 @@
+"""GPU targets end to end: the tiny Llama checkpoint compiled for hip, cuda, xpu and vulkan.
+
+- Compile-only cells (every target and arch of the table, each dtype at least once per target in the
+  default run; the whole target x arch x dtype matrix under -m slow) read the executables inside the
+  .vmfb: their format, and the architecture the binary itself names (AMDGPU code object, PTX) or the
+  module's own device target (SPIR-V). A build that silently fell back to the CPU or to another arch
+  fails here.
+- vulkan RUNS on Mesa's lavapipe (CI installs mesa-vulkan-drivers; set LLMC_REQUIRE_VULKAN=1 to turn
+  a missing driver into a failure instead of a skip): 16 greedy tokens equal to transformers'
+  LlamaForCausalLM in f32 on the same checkpoint, and `llmc diff` passes in f32, f16 and bf16 against
+  eager PyTorch with the dtype's tolerance profile (compiler/diff_metrics.py).
+- The runtime refuses what it cannot run right: a module whose subgroup size the device lacks, a
+  module for a driver this machine does not have, a module on another driver's device.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import llmc
+from llmc.compiler import targets, vmfb
+from llmc.errors import RuntimeLoadError
+from llmc.models.llama.config import get_config
+from llmc.tools.make_checkpoint import write_checkpoint
+
+MAX_SEQ = 64
+PROMPT = [1, 77, 30, 5, 42, 9, 200, 13]
+FORMAT = {"hip": "rocm-hsaco-fb", "cuda": "cuda-nvptx-fb", "xpu": "vulkan-spirv-fb", "vulkan": "vulkan-spirv-fb"}
+
+# Default run: every arch once, every dtype at least once per target.
+DEFAULT_CELLS = [
+    ("hip", "gfx942", "f32"), ("hip", "gfx950", "bf16"), ("hip", "gfx1100", "f16"), ("hip", "gfx1201", "bf16"),
+    ("cuda", "sm_80", "f16"), ("cuda", "sm_86", "f32"), ("cuda", "sm_89", "bf16"), ("cuda", "sm_90", "f16"),
+    ("xpu", "arc", "f16"), ("xpu", "xe2", "bf16"),
+    ("vulkan", "rdna3", "f16"), ("vulkan", "ampere", "f32"), ("vulkan", "pascal", "f16"), ("vulkan", "valhall4", "bf16"),
+    ("vulkan", "rdna4", "f32"), ("vulkan", "ada", "f16"), ("vulkan", "adreno", "f32"),
+]
+ALL_CELLS = [
+    (t, a, d)
+    for t in ("hip", "cuda", "xpu", "vulkan")
+    for a in targets.TARGETS[t].archs
+    for d in ("f32", "f16", "bf16")
+]
+
+
+def _vulkan_or_skip():
+    from llmc.runtime import vulkan_probe
+
+    try:
+        devices = vulkan_probe.probe()
+    except vulkan_probe.VulkanUnavailable as e:
+        devices, why = [], str(e)
+    else:
+        why = "no Vulkan device"
+    if not any("llvmpipe" in d.name for d in devices):
+        if os.environ.get("LLMC_REQUIRE_VULKAN"):
+            pytest.fail(f"LLMC_REQUIRE_VULKAN is set but lavapipe is not usable: {why}")
+        pytest.skip(f"Mesa lavapipe not available ({why}); apt-get install mesa-vulkan-drivers libvulkan1")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu")
+    config = get_config("tiny")
+    write_checkpoint(config, "hf", root / "hf", dtype="f32", seed=3)
+    return root / "hf", config
+
+
+def _irpa_sizes(path) -> dict[str, int]:
+    import iree.runtime as rt
+
+    index = rt.ParameterIndex()
+    index.load(str(path))
+    return {k: e.length for k, e in index.items()}
+
+
+def _checkpoint_numels(folder) -> dict[str, int]:
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                out[k] = math.prod(st.get_slice(k).get_shape())
+    return out
+
+
+def _compile(checkpoint, tmp_path, target, arch, dtype):
+    path, _ = checkpoint
+    out = tmp_path / f"{target}-{arch}-{dtype}.vmfb"
+    return llmc.compile(path, target=target, arch=arch, dtype=dtype, output=out, max_seq_len=MAX_SEQ)
+
+
+def _check_cell(checkpoint, tmp_path, target, arch, dtype):
+    art = _compile(checkpoint, tmp_path, target, arch, dtype)
+    manifest = art.read_manifest()
+    info = vmfb.inspect(art.vmfb)
+    assert info.formats == {FORMAT[target]}, info.summary()  # no CPU (embedded-elf) fallback
+    assert all(e.valid for e in info.executables)
+    caps = targets.TARGETS[target].archs[arch]
+    # IREE names its NVIDIA-type Vulkan targets by the SM they stand for.
+    want_arch = {"xpu": f"intel-{arch}", "vulkan": {"ampere": "sm_80", "ada": "sm_89", "pascal": "sm_60"}.get(arch, arch)}.get(target, arch)
+    assert info.target_archs == {want_arch}, info.summary()
+    if target in ("hip", "cuda"):
+        assert info.binary_archs == {arch}, info.summary()  # the code objects / PTX name the arch themselves
+    assert set(info.subgroup_sizes) == set(caps.subgroup_sizes)
+    t = manifest["target"]
+    assert (t["name"], t["arch"], manifest["dtype"]) == (target, arch, dtype)
+    assert t["requires"]["subgroup_sizes"] == list(caps.subgroup_sizes)
+    ran = {p["name"]: p for p in manifest["passes"]}
+    skipped = {p["name"] for p in manifest["passes_skipped"]}
+    if target in ("hip", "cuda"):
+        assert "decompose-attention" in skipped  # SDPA reaches IREE whole: its fused attention op
+    else:
+        assert ran["decompose-attention"]["rewrote"] == 4  # 2 layers x (prefill, decode)
+        if dtype == "f16":
+            assert ran["decompose-attention"]["forms"] == {"half-matmul": 4}
+    return art, manifest
+
+
+@pytest.mark.parametrize("target,arch,dtype", DEFAULT_CELLS, ids=["-".join(c) for c in DEFAULT_CELLS])
+def test_compiles_for_gpu_arch(checkpoint, tmp_path, target, arch, dtype):
+    art, manifest = _check_cell(checkpoint, tmp_path, target, arch, dtype)
+    sizes = _irpa_sizes(art.params)
+    shapes = _checkpoint_numels(checkpoint[0])
+    width = {"f32": 4, "f16": 2, "bf16": 2}[dtype]  # bf16 on SPIR-V too: stored as 16-bit words
+    assert {k: sizes[k] for k in shapes} == {k: n * width for k, n in shapes.items()}
+    cache_dtype = "float32" if dtype == "bf16" and target in ("xpu", "vulkan") else {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype]
+    assert manifest["llm"]["cache"]["dtype"] == cache_dtype  # SPIR-V bf16 computes in f32
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target,arch,dtype", ALL_CELLS, ids=["-".join(c) for c in ALL_CELLS])
+def test_compiles_for_every_gpu_cell(checkpoint, tmp_path, target, arch, dtype):
+    _check_cell(checkpoint, tmp_path, target, arch, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# vulkan on lavapipe: run, compare, refuse
+
+
+@pytest.fixture(scope="module")
+def vulkan_f32(checkpoint, tmp_path_factory):
+    _vulkan_or_skip()
+    return _compile(checkpoint, tmp_path_factory.mktemp("vk"), "vulkan", None, "f32")
+
+
+def _llmc(*args):
+    return subprocess.run([sys.executable, "-m", "llmc.compiler.cli", *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def test_vulkan_greedy_16_tokens_equal_transformers_f32(checkpoint, vulkan_f32):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.LlamaForCausalLM.from_pretrained(checkpoint[0], torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    want = out[0, len(PROMPT):].tolist()
+    r = _llmc("run", vulkan_f32.vmfb, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", 16, "--no-eos", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"] == want
+    assert vmfb.inspect(vulkan_f32.vmfb).formats == {"vulkan-spirv-fb"}  # it ran SPIR-V, not a CPU fallback
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_vulkan_llmc_diff_passes(checkpoint, vulkan_f32, tmp_path, dtype):
+    art = vulkan_f32 if dtype == "f32" else _compile(checkpoint, tmp_path, "vulkan", None, dtype)
+    report = tmp_path / "diff.json"
+    r = _llmc("diff", checkpoint[0], art.vmfb, "--json", report)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(report.read_text())
+    assert data["passed"] and data["profile"] == dtype and data["target"] == "vulkan"
+    assert "greedy tokens: 8 of 8 decode-step inputs agree" in r.stdout
+
+
+def test_runtime_refuses_a_module_built_for_another_subgroup_size(checkpoint, tmp_path, vulkan_f32):
+    # valhall4 is subgroup 16, lavapipe 8: IREE would run it with no error and wrong results.
+    art = _compile(checkpoint, tmp_path, "vulkan", "valhall4", "f32")
+    with pytest.raises(RuntimeLoadError, match="subgroup size 16.*has subgroup size 8, and IREE would run the module with wrong results"):
+        llmc.load(art).generate(PROMPT, 2)
+    r = _llmc("run", art.vmfb, "--prompt-ids", "1,2,3", "--max-new-tokens", 2)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "subgroup size 16" in r.stderr
+
+
+def test_runtime_refuses_other_drivers_and_missing_devices(checkpoint, tmp_path, vulkan_f32):
+    with pytest.raises(RuntimeLoadError, match="runs on IREE's vulkan driver, not 'local-task'; use --device=vulkan"):
+        llmc.load(vulkan_f32, device="local-task").generate(PROMPT, 2)
+    with pytest.raises(RuntimeLoadError, match=r"--device=vulkan://7: this machine has 1 vulkan device\(s\)"):
+        llmc.load(vulkan_f32, device="vulkan://7").generate(PROMPT, 2)
+    assert llmc.load(vulkan_f32, device="vulkan://0").generate(PROMPT, 4, stop_at_eos=False) == llmc.load(vulkan_f32).generate(PROMPT, 4, stop_at_eos=False)
+    hip = _compile(checkpoint, tmp_path, "hip", "gfx942", "f32")
+    r = _llmc("run", hip.vmfb, "--prompt-ids", "1,2,3", "--max-new-tokens", 2)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "compiled for hip:gfx942; no hip device here (usable here: " in r.stderr and "vulkan" in r.stderr
