@@ -35,6 +35,9 @@ def compile_model(
     quiet: bool = True,
     max_seq_len: int | None = None,
     config=None,
+    fp8_exclude: tuple[str, ...] = (),
+    fp8_scales: str = "channel",
+    fp8_embeddings: bool = False,
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
 
@@ -50,12 +53,17 @@ def compile_model(
     config: a Llama state dict saved on its own (a .pt/.pth/.safetensors with no params.json or
     config.json beside it) needs its config: a name (`llama3-8b`, see models/llama/config.py) or a
     params.json / config.json path.
+    fp8_exclude / fp8_scales (--dtype fp8): weight names (fnmatch patterns, e.g. "lm_head.*") kept in
+    the compute dtype; one scale per output channel ("channel") or per tensor ("tensor");
+    fp8_embeddings: embedding tables in fp8 too.
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,
         dump_ir=Path(dump_ir) if dump_ir is not None else None, repro_dir=Path(repro_dir) if repro_dir is not None else None,
         extra_iree_flags=tuple(extra_iree_flags), quiet=quiet, max_seq_len=max_seq_len, config=config,
+        fp8_exclude=tuple([fp8_exclude] if isinstance(fp8_exclude, str) else fp8_exclude), fp8_scales=fp8_scales, fp8_embeddings=fp8_embeddings,
     )
+    opts.resolve()  # bad target, dtype or fp8 options fail before anything is loaded
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
         raise UsageError(f"{model}: no such file or directory")
     from llmc.compiler import llm

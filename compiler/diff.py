@@ -9,6 +9,8 @@ report (compiler/report.py) and the lines the CLI prints; the CLI writes the fil
 
 from __future__ import annotations
 
+from llmc import dtypes
+
 import dataclasses
 from pathlib import Path
 
@@ -166,7 +168,8 @@ def _run(o: DiffOptions) -> DiffOutcome:
             args, kwargs = random_inputs(entry, o.seed, int_high(ep), o.seq)
 
         start = time.perf_counter()
-        ref = run_eager(eager_reference(ep, dtype), args, kwargs)
+        eager_dtype = dtype if dtypes.compute_torch_dtype(dtype) is not None else manifest["compute_dtype"]  # fp8: eager in the compute dtype
+        ref = run_eager(eager_reference(ep, eager_dtype), args, kwargs)
         got = mod(*args, **kwargs)
         seconds = time.perf_counter() - start
         results = diff_outputs(entry["outputs"], got, ref, dtype, tol, logits=logits, top_k=o.top_k)

@@ -66,7 +66,10 @@ def run(o, overrides: dict):
                 f"use at most {max_len - 2} steps"
             )
 
-        llama = export.convert_module(llm.load_llama(o.model), dtypes.compute_torch_dtype(dtype)).eval()
+        # Eager runs in --dtype; for fp8 (no eager dtype) in the dtype the module computes in, with the
+        # original weights, so the comparison includes the quantization error.
+        eager_dtype = dtype if dtypes.compute_torch_dtype(dtype) is not None else manifest["compute_dtype"]
+        llama = export.convert_module(llm.load_llama(o.model), dtypes.compute_torch_dtype(eager_dtype)).eval()
         llama.set_rope_positions(max_len)
         cfg = llama.config
         if cfg.as_dict() != {**manifest["llm"]["config"], "eos_ids": list(manifest["llm"]["config"]["eos_ids"])}:
@@ -76,7 +79,7 @@ def run(o, overrides: dict):
 
         start = time.perf_counter()
         results, agree = [], []
-        tdt = dtypes.compute_torch_dtype(dtype)
+        tdt = dtypes.compute_torch_dtype(eager_dtype)
         # The module's cache is in its compute dtype, which differs from --dtype where that is emulated
         # (bf16 on SPIR-V computes in f32).
         cache_tdt = dtypes.by_name(manifest["llm"]["cache"]["dtype"]).torch

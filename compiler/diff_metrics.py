@@ -48,6 +48,11 @@ TOLERANCES = {
     "f32": {"max_rel": 1e-5, "min_cosine": 0.99999, "min_top1": 0.99, "max_kl": 1e-6},
     "f16": {"max_rel": 2e-2, "min_cosine": 0.999, "min_top1": 0.9, "max_kl": 1e-3},
     "bf16": {"max_rel": 5e-2, "min_cosine": 0.999, "min_top1": 0.8, "max_kl": 5e-2},
+    # fp8 weights (E4M3, 3 mantissa bits, per-channel scales) against eager in the compute dtype with
+    # the original weights: the quantization error itself, so looser than any float dtype. Near-tied
+    # logits may change their argmax (tiny Llama: 1 of 9 rows with the embedding in fp8 too), so top-1
+    # is not a criterion here; the tokens are checked against eager on the same quantized weights.
+    "fp8": {"max_rel": 0.25, "min_cosine": 0.99, "min_top1": 0.0, "max_kl": 0.1},
 }
 # What each key means (for --tolerance and the report schema).
 TOLERANCE_KEYS = {

@@ -53,9 +53,19 @@ class CompileOptions:
     quiet: bool = True
     max_seq_len: int | None = None
     config: str | Path | None = None  # Llama: the config of a bare weights file (a name or a params.json/config.json)
+    fp8_exclude: tuple[str, ...] = ()  # --dtype fp8: weight names (fnmatch patterns) kept in the compute dtype
+    fp8_scales: str = "channel"  # --dtype fp8: "channel" (one scale per output row) or "tensor"
+    fp8_embeddings: bool = False  # --dtype fp8: embedding tables too (one scale per row)
 
     def resolve(self) -> targets.ResolvedTarget:
-        return targets.resolve(self.target, self.arch, self.dtype, extra_flags=tuple(self.extra_iree_flags))
+        if self.fp8_scales not in ("channel", "tensor"):
+            raise UsageError(f"--fp8-scales={self.fp8_scales!r}: choose channel or tensor")
+        if (self.fp8_exclude or self.fp8_scales != "channel" or self.fp8_embeddings) and self.dtype != "fp8":
+            raise UsageError(f"--fp8-exclude / --fp8-scales / --fp8-embeddings apply to --dtype fp8 only (compiling {self.dtype})")
+        r = targets.resolve(self.target, self.arch, self.dtype, extra_flags=tuple(self.extra_iree_flags))
+        opts = {"fp8_exclude": tuple(self.fp8_exclude), "fp8_scales": self.fp8_scales, "fp8_embeddings": self.fp8_embeddings}
+        opts = opts if self.dtype == "fp8" else {}
+        return dataclasses.replace(r, pass_options=tuple(opts.items()))
 
 
 @dataclasses.dataclass
@@ -262,6 +272,7 @@ def target_of(manifest: dict) -> targets.ResolvedTarget:
     """The resolved target an artifact was compiled for, from its manifest (per-layer recompiles with it)."""
     t = manifest["target"]
     base = targets.resolve(t["name"], t["arch"], manifest["dtype"])
+    base = dataclasses.replace(base, pass_options=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in t.get("pass_options", {}).items()))
     # The recorded flags win: whatever the manifest lists beyond llmc's own flags is kept as extra.
     own = {"--iree-input-type=torch", *base.iree_flags, *base.for_shapes(True).iree_flags}
     extra = tuple(f for f in manifest.get("iree_flags", ()) if f not in own)
@@ -300,6 +311,7 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
         "dtype_mode": caps.dtype_mode(target.dtype),
         "attention": caps.attention,
         "extra_iree_flags": list(target.extra_flags),
+        "pass_options": {k: list(v) if isinstance(v, tuple) else v for k, v in target.pass_options},
     }
     if caps.backend == "llvm-cpu":
         t["machine"] = platform.machine()
@@ -330,6 +342,7 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
         "source": source,
         "target": t,
         "dtype": target.dtype,
+        "compute_dtype": target.compute_dtype,
         "f64": ("kept (--iree-input-demote-f64-to-f32=false)" if target.arch_caps.f64 else "demoted to f32 (the arch has no f64)")
         if uses_f64
         else "not used",

@@ -36,6 +36,7 @@ GRAPH_PASSES: list[str] = [
     "slice-copy",  # torch-mlir has no aten.slice_copy lowering
     "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
     "bf16-weights",  # SPIR-V bf16: weights stored as int16 bits, widened with integer ops; f32 math
+    "fp8-weights",  # --dtype fp8: linear weights as E4M3 bytes + per-channel scales, decoded where used
 ]
 IR_PASSES: list[str] = [
     "log10-to-log",  # llvm-cpu links no log10f: log(x) / ln(10)
@@ -76,7 +77,7 @@ def build(target, options: dict | None = None, only: list[str] | None = None) ->
     only: run exactly these passes (in pipeline order when listed there), ignoring gating; llmc-opt's
     `--pass` uses it.
     """
-    ctx = PassContext(target=target, dtype=target.dtype, options=dict(options or {}))
+    ctx = PassContext(target=target, dtype=target.dtype, options={**dict(getattr(target, "pass_options", ())), **dict(options or {})})
     phases = {"source": [], "graph": [], "ir": []}
     skipped = []
     names = [*SOURCE_PASSES, *GRAPH_PASSES, *IR_PASSES]

@@ -156,7 +156,7 @@ _SPIRV_NOTE = "no bf16 arithmetic and no fp8 conversion in IREE's SPIR-V path"
 # --iree-input-promote-bf16-to-f32 changes the function ABI and the parameters' byte sizes
 # (passes/bf16_weights.py).
 _SPIRV_BF16 = _impl("emulated", "bf16 weights as int16 bits, f32 math and activations", compute="f32")
-_SPIRV_FP8 = _planned("emulated", "integer storage + software decode, f16/f32 math")
+_SPIRV_FP8 = _impl("emulated", "E4M3 weights as int8 + per-channel scales, software decode, f16 math", compute="f16")
 
 # The Intel profiles IREE 3.13 lacks (it has no Intel Vulkan target and crashes on unknown names).
 # Values are the Vulkan limits Mesa's ANV driver reports, as published in the Vulkan hardware
@@ -198,7 +198,7 @@ TARGETS: dict[str, TargetCaps] = {
             "f32": _impl("native"),
             "f16": _impl("native", "f16 storage; LLVM widens arithmetic where the CPU lacks f16 math"),
             "bf16": _impl("native", "bf16 storage; widened to f32 for arithmetic without avx512_bf16"),
-            "fp8": _planned("emulated", "int8 storage + software decode"),
+            "fp8": _impl("emulated", "E4M3 weights as int8 + per-channel f32 scales, software decode, f32 math", compute="f32"),
         },
         runs_here=True,
         runs_how="on this CPU (local-task)",
@@ -218,7 +218,8 @@ TARGETS: dict[str, TargetCaps] = {
         },
         attention="fused",
         data_tiling=False,
-        dtypes=_gpu_dtypes(bf16=_impl("native"), fp8=_planned("native", "gfx942: E4M3FNUZ; gfx950/gfx12xx: E4M3FN; others emulated")),
+        dtypes=_gpu_dtypes(bf16=_impl("native"), fp8=_impl(
+            "native", "E4M3 weights + per-channel scales: gfx942 E4M3FNUZ, gfx950/gfx12xx E4M3FN, gfx1100 software decode; f16 math", compute="f16")),
         runs_here=False,
         runs_how="compile only here (needs a ROCm GPU)",
     ),
@@ -274,13 +275,17 @@ TARGETS: dict[str, TargetCaps] = {
         archs={
             "sm_80": _gpu(subgroups=(32,), shared_kb=163, iree_name="sm_80", aliases=("a100", "ampere"), note="A100"),
             "sm_86": _gpu(subgroups=(32,), shared_kb=99, iree_name="sm_86", aliases=("a10", "a40", "rtx3090")),
-            "sm_89": _gpu("e4m3fn", subgroups=(32,), shared_kb=99, iree_name="sm_89", aliases=("l4", "l40s", "rtx4090", "ada"), note="L4/RTX 40"),
-            "sm_90": _gpu("e4m3fn", subgroups=(32,), shared_kb=99, aliases=("h100", "h200", "gh200", "hopper"),
+            # sm_89/sm_90 have E4M3FN in hardware, but IREE 3.13 fails to lower it ("LLVM Translation failed for
+            # operation: builtin.unrealized_conversion_cast"): fp8 is decoded in software there.
+            "sm_89": _gpu(subgroups=(32,), shared_kb=99, iree_name="sm_89", aliases=("l4", "l40s", "rtx4090", "ada"), note="L4/RTX 40"),
+            "sm_90": _gpu(subgroups=(32,), shared_kb=99, aliases=("h100", "h200", "gh200", "hopper"),
                           note="H100; IREE 3.13 lacks it: sm_89's capabilities under arch sm_90, written into the module"),
         },
         attention="fused",
         data_tiling=False,
-        dtypes=_gpu_dtypes(bf16=_impl("native"), fp8=_planned("emulated", "IREE 3.13 fails in LLVM translation of native fp8")),
+        dtypes=_gpu_dtypes(bf16=_impl("native"), fp8=_impl(
+            "emulated", "E4M3 weights as int8 + per-channel scales, software decode (IREE 3.13 fails in LLVM translation of native fp8); f16 math",
+            compute="f16")),
         runs_here=False,
         runs_how="compile only here (needs an NVIDIA GPU; the iree-base-runtime wheel has the CUDA driver)",
     ),
@@ -300,6 +305,7 @@ class ResolvedTarget:
     dtype: str
     dynamic: bool = False
     extra_flags: tuple[str, ...] = ()  # the user's --iree-flag values, after llmc's own (later flags win)
+    pass_options: tuple[tuple[str, object], ...] = ()  # what passes read from ctx.options (fp8_exclude, ...)
 
     @property
     def name(self) -> str:
@@ -316,7 +322,7 @@ class ResolvedTarget:
 
     @property
     def iree_flags(self) -> tuple[str, ...]:
-        return (*_flags(self.caps, self.arch, self.compute_dtype, self.dynamic), *self.extra_flags)
+        return (*_flags(self.caps, self.arch, self.dtype, self.compute_dtype, self.dynamic), *self.extra_flags)
 
     @property
     def module_target(self) -> str | None:
@@ -380,9 +386,9 @@ def resolve(
     return ResolvedTarget(caps, arch, dtype, dynamic, tuple(extra_flags))
 
 
-def _flags(caps: TargetCaps, arch: str, dtype: str, dynamic: bool) -> list[str]:
+def _flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:
     if caps.backend == "llvm-cpu":
-        return _cpu_flags(caps, arch, dtype, dynamic)
+        return _cpu_flags(caps, arch, dtype, compute, dynamic)
     a = caps.arch_caps(arch)
     flags = []
     if a.iree_name:  # otherwise the module carries its target (ResolvedTarget.module_target)
@@ -393,7 +399,7 @@ def _flags(caps: TargetCaps, arch: str, dtype: str, dynamic: bool) -> list[str]:
     return flags
 
 
-def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, dynamic: bool) -> list[str]:
+def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:
     flags = [
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
@@ -401,7 +407,7 @@ def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, dynamic: bool) -> list[s
         # f64 is kept, never silently demoted to f32 (README.md: call semantics).
         "--iree-input-demote-f64-to-f32=false",
     ]
-    if caps.data_tiling and dtype == "f32":
+    if caps.data_tiling and compute == "f32":
         # Data tiling is the largest single CPU gain for f32 (off by default in 3.13). The
         # default route (--iree-opt-data-tiling) crashes on batch matmuls with two dynamic dims
         # (attention scores with a dynamic sequence): "'affine.delinearize_index' op no basis
@@ -412,6 +418,8 @@ def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, dynamic: bool) -> list[s
         # without; tools/bench_compile_size.py --dtype bf16).
         flags.append("--iree-global-opt-data-tiling=true" if dynamic else "--iree-opt-data-tiling=true")
     if dtype in ("bf16", "f16", "fp8"):
+        # Weights stored narrower than they are computed: without this IREE writes a widened copy of
+        # every weight on every call instead of fusing the conversion (fp8's decode) into the matmul.
         flags.append("--iree-dispatch-creation-block-matmul-producer-fusion=false")
     return flags
 

@@ -73,7 +73,7 @@ COMPILE_BAD_FLAGS = [
     ("unknown-arch", ["--arch", "pentium9000"], ["--arch", "pentium9000"]),
     ("unknown-dtype", ["--dtype", "f12"], ["--dtype", "f12"]),
     ("unknown-gpu-arch", ["--target", "hip", "--arch", "gfx90a"], ["--arch", "gfx90a"]),
-    ("planned-dtype", ["--dtype", "fp8"], ["--dtype", "fp8"]),
+    ("fp8-option-without-fp8", ["--fp8-exclude", "lm_head.*"], ["--fp8-exclude", "--dtype fp8 only"]),
     ("config-not-llama", ["--config", "tiny"], ["--config", "Llama weights files"]),
     ("max-seq-len-not-llama", ["--max-seq-len", "64"], ["--max-seq-len", "Llama checkpoints"]),
 ]

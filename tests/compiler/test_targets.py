@@ -23,8 +23,7 @@ def test_cpu_flags_follow_research():
         ("tpu", None, "f32", "--target='tpu'"),
         ("cpu", "pentium9000", "f32", "--arch='pentium9000'"),
         ("cpu", None, "f4", "--dtype='f4'"),
-        ("cpu", None, "fp8", "--dtype=fp8"),
-        ("hip", None, "fp8", "--dtype=fp8 on --target=hip is planned"),
+        ("cpu", None, "int4", "--dtype='int4' is not a known dtype; choose one of: f32, f16, bf16, fp8"),
         ("hip", "gfx90a", "f32", "known: gfx942 (mi300x/mi300a/mi325x/cdna3), gfx950"),
         ("vulkan", "lavapipe2", "f32", "--arch='lavapipe2' is not an arch of --target=vulkan"),
         ("xpu", "arc-pro", "f16", "known: arc (a770/"),
@@ -96,3 +95,14 @@ def test_cpu_features_come_from_iree():
     assert "avx2" in feats and "fma" in feats and "avx512f" not in feats
     _, skx = targets.llvm_cpu_features("skylake-avx512")
     assert "avx512f" in skx
+
+
+def test_fp8_decodes_where_iree_lowers_it_and_computes_in_the_table_dtype():
+    assert targets.resolve("cpu", None, "fp8").compute_dtype == "f32"
+    for target, arch, flavour in [("hip", "gfx942", "e4m3fnuz"), ("hip", "gfx950", "e4m3fn"), ("hip", "gfx1100", "none"),
+                                  ("cuda", "sm_90", "none"), ("xpu", None, "none"), ("vulkan", None, "none")]:
+        r = targets.resolve(target, arch, "fp8")
+        assert r.compute_dtype == "f16" and r.arch_caps.fp8 == flavour, (target, arch)
+    cpu = targets.resolve("cpu", None, "fp8", dynamic=True)
+    assert "--iree-global-opt-data-tiling=true" in cpu.iree_flags  # f32 math: data tiling on
+    assert "--iree-dispatch-creation-block-matmul-producer-fusion=false" in cpu.iree_flags  # the decode fuses into the matmul

@@ -39,12 +39,13 @@ DEFAULT_CELLS = [
     ("xpu", "arc", "f16"), ("xpu", "xe2", "bf16"),
     ("vulkan", "rdna3", "f16"), ("vulkan", "ampere", "f32"), ("vulkan", "pascal", "f16"), ("vulkan", "valhall4", "bf16"),
     ("vulkan", "rdna4", "f32"), ("vulkan", "ada", "f16"), ("vulkan", "adreno", "f32"),
+    ("hip", "gfx942", "fp8"), ("hip", "gfx950", "fp8"), ("cuda", "sm_90", "fp8"), ("xpu", "arc", "fp8"),
 ]
 ALL_CELLS = [
     (t, a, d)
     for t in ("hip", "cuda", "xpu", "vulkan")
     for a in targets.TARGETS[t].archs
-    for d in ("f32", "f16", "bf16")
+    for d in ("f32", "f16", "bf16", "fp8")
 ]
 
 
@@ -90,6 +91,10 @@ def _checkpoint_numels(folder) -> dict[str, int]:
     return out
 
 
+def linear_names(checkpoint) -> set[str]:
+    return {k for k in _checkpoint_numels(checkpoint[0]) if k.endswith("proj.weight") or k == "lm_head.weight"}
+
+
 def _compile(checkpoint, tmp_path, target, arch, dtype):
     path, _ = checkpoint
     out = tmp_path / f"{target}-{arch}-{dtype}.vmfb"
@@ -118,8 +123,12 @@ def _check_cell(checkpoint, tmp_path, target, arch, dtype):
         assert "decompose-attention" in skipped  # SDPA reaches IREE whole: its fused attention op
     else:
         assert ran["decompose-attention"]["rewrote"] == 4  # 2 layers x (prefill, decode)
-        if dtype == "f16":
+        if dtype in ("f16", "fp8"):  # fp8 weights compute in f16 on GPUs
             assert ran["decompose-attention"]["forms"] == {"half-matmul": 4}
+    if dtype == "fp8":  # native E4M3 where IREE lowers it for the arch, else the integer decode
+        decode = {"gfx942": "e4m3fnuz", "gfx950": "e4m3fn", "gfx1201": "e4m3fn"}.get(arch, "software")
+        assert ran["fp8-weights"]["forms"] == {f"per-channel {decode}": 2 * len(linear_names(checkpoint))}  # prefill + decode
+        assert manifest["compute_dtype"] == "f16"
     return art, manifest
 
 
@@ -128,9 +137,12 @@ def test_compiles_for_gpu_arch(checkpoint, tmp_path, target, arch, dtype):
     art, manifest = _check_cell(checkpoint, tmp_path, target, arch, dtype)
     sizes = _irpa_sizes(art.params)
     shapes = _checkpoint_numels(checkpoint[0])
-    width = {"f32": 4, "f16": 2, "bf16": 2}[dtype]  # bf16 on SPIR-V too: stored as 16-bit words
-    assert {k: sizes[k] for k in shapes} == {k: n * width for k, n in shapes.items()}
-    cache_dtype = "float32" if dtype == "bf16" and target in ("xpu", "vulkan") else {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype]
+    width = {"f32": 4, "f16": 2, "bf16": 2, "fp8": 2}[dtype]  # bf16 on SPIR-V too: stored as 16-bit words
+    linear = {k for k in shapes if k.endswith("proj.weight") or k == "lm_head.weight"}
+    assert {k: sizes[k] for k in shapes} == {k: n * (1 if dtype == "fp8" and k in linear else width) for k, n in shapes.items()}
+    cache_dtype = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "fp8": "float16"}[dtype]
+    if dtype == "bf16" and target in ("xpu", "vulkan"):
+        cache_dtype = "float32"
     assert manifest["llm"]["cache"]["dtype"] == cache_dtype  # SPIR-V bf16 computes in f32
 
 

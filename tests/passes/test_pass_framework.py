@@ -39,10 +39,11 @@ def test_gating_follows_typed_caps():
     assert cpu.skipped == [
         {"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8, compiling f32"},
         {"name": "bf16-weights", "reason": "needs backend vulkan-spirv, target cpu uses llvm-cpu"},
+        {"name": "fp8-weights", "reason": "needs dtype fp8, compiling f32"},
     ]
     vk = pipeline.build(targets.resolve("vulkan", None, "bf16"))
     assert [p.name for p in vk.graph] == ["slice-copy", "decompose-attention", "bf16-weights"]
-    assert [s["name"] for s in vk.skipped] == ["log10-to-log"]
+    assert [s["name"] for s in vk.skipped] == ["fp8-weights", "log10-to-log"]
     hip = pipeline.build(targets.resolve("hip", "gfx942", "bf16"))
     names = {s["name"]: s["reason"] for s in hip.skipped}
     assert "decompose-attention" in names and "'decompose'" in names["decompose-attention"] and "'fused'" in names["decompose-attention"]

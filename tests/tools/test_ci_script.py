@@ -1,7 +1,7 @@
 """tools/ci/llmc-ci.sh (the CI stage) and tools/ci/github-actions.yml (the example workflow).
 
 The script runs for real: `llmc compile` + `llmc diff --junit/--json` on a tiny model's cpu/f32 cell,
-a planned target recorded as skipped, and a model IREE 3.13 can't compile (aten.erfinv) whose
+a planned cell recorded as skipped (through a wrapper whose table says fp8 is planned), and a model IREE 3.13 can't compile (aten.erfinv) whose
 cell fails the run with llmc's exit code 3. The JUnit files the script writes itself come from the
 writer `llmc diff --junit` uses (compiler/report.py); junitparser reads them as a CI system would.
 """
@@ -38,8 +38,23 @@ def _diff_has_reports() -> bool:
 needs_reports = pytest.mark.skipif(not _diff_has_reports(), reason="`llmc diff --help` has no --junit/--json yet")
 
 
-def run_ci(*args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], cwd=cwd, capture_output=True, text=True, env=ENV, timeout=900)
+def run_ci(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], cwd=cwd, capture_output=True, text=True, env=env or ENV, timeout=900)
+
+
+def llmc_with_fp8_planned(folder: Path) -> dict:
+    """An environment whose $LLMC reports fp8 as planned on every target (as an llmc without the fp8
+    passes would), so that the script's skip path runs; every other command is the real llmc."""
+    wrapper = folder / "llmc-fp8-planned"
+    wrapper.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = targets ]; then\n'
+        f"  llmc targets --json | {sys.executable} -c 'import json, sys; t = json.load(sys.stdin); "
+        '[c["dtypes"]["fp8"].update(state="planned") for c in t.values()]; print(json.dumps(t))\'\n'
+        'else exec llmc "$@"; fi\n'
+    )
+    wrapper.chmod(0o755)
+    return {**ENV, "LLMC": str(wrapper)}
 
 
 def junit_cases(xml_path: Path) -> dict[str, str]:
@@ -73,7 +88,8 @@ def test_ci_runs_the_matrix_and_writes_reports(tmp_path):
 
     model, args, _ = zoo.build("linear_stack")
     torch.export.save(torch.export.export(model, args), str(tmp_path / "tiny.pt2"))
-    proc = run_ci("tiny.pt2", "--targets", "cpu,hip,vulkan", "--dtypes", "f32,fp8", "--reports", "rep", "--out", "arts", cwd=tmp_path)
+    proc = run_ci("tiny.pt2", "--targets", "cpu,hip,vulkan", "--dtypes", "f32,fp8", "--reports", "rep", "--out", "arts", cwd=tmp_path,
+                  env=llmc_with_fp8_planned(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rep = tmp_path / "rep"
 
@@ -100,7 +116,7 @@ def test_ci_runs_the_matrix_and_writes_reports(tmp_path):
     else:
         assert junit_cases(rep / "tiny-vulkan-f32.xml") == {"compile": "ok", "diff": "skipped"}
 
-    # fp8 is planned everywhere: recorded as skipped, nothing compiled.
+    # fp8 is planned everywhere (as this llmc's table says): recorded as skipped, nothing compiled.
     for target in ("cpu", "hip", "vulkan"):
         assert junit_cases(rep / f"tiny-{target}-fp8.xml") == {"compile": "skipped", "diff": "skipped"}
         assert all(r.message.startswith(f"fp8 on {target} is planned") for c in junit_suite(rep / f"tiny-{target}-fp8.xml") for r in c.result)
@@ -205,7 +221,8 @@ def test_hf_checkpoint_folder_is_a_model(tmp_path):
     ck = tmp_path / "tiny-hf"
     subprocess.run([sys.executable, str(REPO / "tools" / "make_checkpoint.py"), "--config", "tiny", "--format", "hf", "--out", str(ck)],
                    check=True, capture_output=True)
-    proc = run_ci(ck, "--targets", "hip", "--dtypes", "fp8", "--reports", "rep", "--out", "arts", cwd=tmp_path)
+    proc = run_ci(ck, "--targets", "hip", "--dtypes", "fp8", "--reports", "rep", "--out", "arts", cwd=tmp_path,
+                  env=llmc_with_fp8_planned(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert junit_cases(tmp_path / "rep" / "tiny-hf-hip-fp8.xml") == {"compile": "skipped", "diff": "skipped"}
     missing = run_ci(tmp_path / "nope", cwd=tmp_path)

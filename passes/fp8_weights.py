@@ -1,0 +1,228 @@
+"""fp8-weights: linear weights quantized to fp8 E4M3, stored 1 byte per weight, decoded where used.
+
+Matches:  with `--dtype fp8`, every floating 2-D parameter of the exported program that feeds a matrix
+          product (aten.mm / addmm / bmm / matmul / linear, through views and transposes): the linear
+          layers. Embedding tables (aten.embedding) are left alone unless the `fp8_embeddings` option
+          is set; parameters matching an `fp8_exclude` pattern (fnmatch, e.g. `lm_head.*`) and written
+          buffers are left alone, with the reason in the stats.
+Produces: per output channel (row) s = amax|w_row| / 448 (or one s per tensor with `fp8_scales=
+          "tensor"`), q = e4m3fn(w / s) rounded to nearest even, stored as an int8 parameter with the
+          same bits; s is an f32 buffer `<name>_fp8_scale` ([rows, 1]). Where the weight was used:
+              w' = decode(q) * s     in the program's compute dtype (f32 on cpu, f16 on GPUs)
+          decode is chosen from the arch's capabilities (compiler/targets.py `fp8`):
+            - "e4m3fnuz" native (gfx942): the FN bits are converted to FNUZ losslessly (same bits,
+              value halved: the scale doubles; 0x80, FN's -0, becomes 0x00, FNUZ's +0) and viewed
+              as float8_e4m3fnuz, then widened;
+            - "e4m3fn" native (gfx950, gfx12xx): viewed as float8_e4m3fn, then widened;
+            - none (cpu, SPIR-V, gfx1100, cuda): integer ops only: sign, exponent and mantissa bits
+              moved into an f32's places and scaled by 2^120 (subnormal codes: mantissa * 2^-9).
+Safe because: every decode is exact for every finite E4M3 code (tests check all 256), so the program
+          computes with exactly the dequantized weights decode(q) * s; the quantizer clamps to
+          +-448 and never produces a NaN code. The math after the decode is the compute dtype's.
+Why: fp8 as PyTorch writes it compiles nowhere in IREE 3.13: an f8 constant cannot be serialized
+          ("unhandled float element bit width 8"), gfx942 rejects FN and gfx950/gfx1100 reject FNUZ
+          ("'arith.extf' op F8E5M2 and F8E4M3FN types are not supported on gfx942"), SPIR-V rejects
+          f8 conversion, CUDA fails in LLVM translation. External int8 parameters with the decode
+          in the graph compile everywhere; on cpu IREE fuses the decode into the matmul, so a
+          decode step reads 1 byte per weight.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import torch
+
+from llmc.passes._base import GraphPass, Requires, register_pass
+
+_aten = torch.ops.aten
+FN_MAX = 448.0
+
+# Ops a weight reaches a matrix product through, and the products themselves.
+_VIEWS = {
+    _aten.t.default, _aten.permute.default, _aten.transpose.int, _aten.view.default, _aten.reshape.default,
+    _aten._unsafe_view.default, _aten.expand.default, _aten.unsqueeze.default, _aten.clone.default,
+    _aten._to_copy.default, _aten.alias.default, torch.ops.prims.convert_element_type.default,
+}
+_PRODUCTS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.matmul.default, _aten.linear.default}
+_EMBEDDING = {_aten.embedding.default}
+
+
+def quantize(w: torch.Tensor, per_channel: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 bits of E4M3FN codes, f32 scale [rows, 1] or [1, 1]) with w ~= decode(bits) * scale."""
+    w = w.detach().float()
+    w2 = w.reshape(w.shape[0], -1) if w.dim() > 1 else w.reshape(1, -1)
+    amax = w2.abs().amax(dim=1, keepdim=True) if per_channel else w2.abs().amax().reshape(1, 1)
+    scale = torch.where(amax > 0, amax / FN_MAX, torch.ones_like(amax))
+    q = (w2 / scale).clamp(-FN_MAX, FN_MAX).to(torch.float8_e4m3fn)
+    return q.view(torch.int8).reshape(w.shape), scale
+
+
+def fn_to_fnuz(bits: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same numbers as E4M3FNUZ codes: identical bits (an FNUZ code's value is half the FN code's:
+    exponent bias 8 instead of 7), the scale doubled; FN's -0 (0x80, FNUZ's NaN) becomes +0. FN's NaN
+    codes (0x7F, 0xFF) would read as +-240: the quantizer never writes them."""
+    return torch.where(bits == -128, torch.zeros_like(bits), bits), scale * 2
+
+
+def decode_sw(bits: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """E4M3FN codes (int8 bits) to their values with integer ops and one multiply (exact)."""
+    b = bits.to(torch.int32)
+    sign = (b & 0x80) << 24
+    mag = (b & 0x7F) << 20  # exponent (4 bits) and mantissa (3 bits) in an f32's places
+    normal = (sign | mag).view(torch.float32) * 2.0**120  # bias 7 -> 127
+    sub = (b & 0x07).to(torch.float32) * 2.0**-9  # exponent 0: mantissa/8 * 2^-6
+    sub = torch.where(sign != 0, -sub, sub)
+    return torch.where((b & 0x78) == 0, sub, normal).to(dtype)
+
+
+def decode_native(bits: torch.Tensor, flavour: str, dtype) -> torch.Tensor:
+    f8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}[flavour]
+    return bits.view(f8).to(dtype)
+
+
+def _feeds(node, targets, seen=None) -> bool:
+    """Whether `node` reaches an op in `targets` through view-like ops only."""
+    seen = seen if seen is not None else set()
+    for user in node.users:
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.target in targets:
+            return True
+        if user.target in _VIEWS and _feeds(user, targets, seen):
+            return True
+    return False
+
+
+@register_pass("fp8-weights", Requires(dtypes=("fp8",)))
+class Fp8WeightsPass(GraphPass):
+    def run(self, program):
+        from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
+
+        from llmc.passes.bf16_weights import _written_in_place
+
+        opts = self.ctx.options
+        exclude = tuple(opts.get("fp8_exclude") or ())
+        per_channel = opts.get("fp8_scales", "channel") != "tensor"
+        embeddings = bool(opts.get("fp8_embeddings"))  # tables too (an embedding decodes only the rows it gathers)
+        flavour = self.ctx.arch.fp8
+        compute = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[self.ctx.target.compute_dtype]
+        sig = program.graph_signature
+        mutated = set(sig.buffers_to_mutate.values())
+        graph = program.graph_module.graph
+        placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+        new_specs = []
+        first_user_input = next((i for i, s in enumerate(sig.input_specs) if s.kind == InputKind.USER_INPUT), len(sig.input_specs))
+        for spec in list(sig.input_specs):
+            if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER):
+                continue
+            name = spec.target
+            tensor = program.state_dict.get(name)
+            if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dim() != 2:
+                continue
+            node = placeholders[spec.arg.name]
+            product = _feeds(node, _PRODUCTS)
+            embedding = _feeds(node, _EMBEDDING)
+            if not product and not (embedding and embeddings):
+                if embedding:
+                    self.stats.decline(name, "embedding table (set fp8_embeddings to quantize it)")
+                continue
+            if name in mutated or _written_in_place(node):
+                self.stats.decline(name, "written by the program")
+                continue
+            pattern = next((p for p in exclude if fnmatch.fnmatchcase(name, p)), None)
+            if pattern is not None:
+                self.stats.decline(name, f"excluded by {pattern!r}")
+                continue
+            bits, scale = self._quantized(tensor, per_channel, flavour)
+            program.state_dict[name] = torch.nn.Parameter(bits, requires_grad=False) if spec.kind == InputKind.PARAMETER else bits
+            scale_name = f"{name}_fp8_scale"
+            with graph.inserting_before(placeholders[sig.input_specs[first_user_input].arg.name] if first_user_input < len(sig.input_specs) else node):
+                scale_node = graph.placeholder(f"b_{scale_name.replace('.', '_')}")
+            program.state_dict[scale_name] = scale
+            new_specs.append(InputSpec(InputKind.BUFFER, TensorArgument(scale_node.name), scale_name, persistent=True))
+            self._decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale)
+            decode = flavour if flavour in ("e4m3fn", "e4m3fnuz") else "software"
+            self.stats.rewrite(f"{'per-channel' if per_channel else 'per-tensor'} {decode}")
+        if new_specs:
+            specs = list(sig.input_specs)
+            specs[first_user_input:first_user_input] = new_specs
+            sig.input_specs[:] = specs
+        graph.lint()
+        program.graph_module.recompile()
+        return program
+
+    def _quantized(self, tensor, per_channel, flavour):
+        """Quantized once per source tensor (prefill and decode share their weights)."""
+        t = tensor.detach()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        cache = self.__dict__.setdefault("_done", {})
+        if key not in cache:
+            bits, scale = quantize(t, per_channel)
+            if flavour == "e4m3fnuz":
+                bits, scale = fn_to_fnuz(bits, scale)
+            cache[key] = (t, bits, scale)
+        return cache[key][1], cache[key][2]
+
+    @staticmethod
+    def _decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale) -> None:
+        """Matrix products read the whole decoded weight (decoded once, ahead of every use); an
+        embedding gathers its rows' bytes and scales first and decodes only those rows."""
+        users = list(node.users)
+        fake = node.meta.get("val")
+        full = None
+        for user in users:
+            if user.target in _EMBEDDING and user.args[0] is node:
+                with graph.inserting_before(user):
+                    rows = graph.call_function(_aten.embedding.default, (node, *user.args[1:]))
+                    row_scales = graph.call_function(_aten.embedding.default, (scale_node, *user.args[1:]))
+                    value = _emit_decode(graph, rows, row_scales, flavour, compute)
+                user.replace_all_uses_with(value)
+                graph.erase_node(user)
+                continue
+            if full is None:
+                with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
+                    full = _emit_decode(graph, node, scale_node, flavour, compute)
+            user.replace_input_with(node, full)
+        if fake is not None:
+            _propagate_fake(graph, node, scale_node, fake, bits, scale)
+
+
+def _emit_decode(graph, bits_node, scale_node, flavour, compute):
+    """decode(bits) * scale as graph nodes at the current insertion point (decode_native / decode_sw)."""
+    call = graph.call_function
+    if flavour in ("e4m3fn", "e4m3fnuz"):
+        f8 = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}[flavour]
+        value = call(_aten._to_copy.default, (call(_aten.view.dtype, (bits_node, f8)),), {"dtype": compute})
+    else:  # decode_sw, op for op
+        b = call(_aten._to_copy.default, (bits_node,), {"dtype": torch.int32})
+        sign = call(_aten.__lshift__.Scalar, (call(_aten.bitwise_and.Scalar, (b, 0x80)), 24))
+        mag = call(_aten.__lshift__.Scalar, (call(_aten.bitwise_and.Scalar, (b, 0x7F)), 20))
+        normal = call(_aten.mul.Scalar, (call(_aten.view.dtype, (call(_aten.bitwise_or.Tensor, (sign, mag)), torch.float32)), 2.0**120))
+        mant = call(_aten._to_copy.default, (call(_aten.bitwise_and.Scalar, (b, 0x07)),), {"dtype": torch.float32})
+        sub = call(_aten.mul.Scalar, (mant, 2.0**-9))
+        sub = call(_aten.where.self, (call(_aten.ne.Scalar, (sign, 0)), call(_aten.neg.default, (sub,)), sub))
+        is_sub = call(_aten.eq.Scalar, (call(_aten.bitwise_and.Scalar, (b, 0x78)), 0))
+        value = call(_aten.where.self, (is_sub, sub, normal))
+        if compute != torch.float32:
+            value = call(_aten._to_copy.default, (value,), {"dtype": compute})
+    s = call(_aten._to_copy.default, (scale_node,), {"dtype": compute}) if compute != torch.float32 else scale_node
+    return call(_aten.mul.Tensor, (value, s))
+
+
+def _propagate_fake(graph, node, scale_node, fake, bits, scale) -> None:
+    """Fake-tensor metadata for the new nodes (torch-mlir's importer reads node.meta['val'])."""
+    mode = getattr(fake, "fake_mode", None)
+    node.meta["val"] = mode.from_tensor(bits, static_shapes=True) if mode is not None else bits
+    scale_node.meta["val"] = mode.from_tensor(scale, static_shapes=True) if mode is not None else scale
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    pending = sorted((n for n in graph.nodes if n.op == "call_function" and "val" not in n.meta), key=order.get)
+    for n in pending:
+        args = torch.fx.node.map_arg(n.args, lambda a: a.meta["val"])
+        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: a.meta["val"])
+        if mode is not None:
+            with mode:
+                n.meta["val"] = n.target(*args, **kwargs)
+        else:
+            n.meta["val"] = n.target(*args, **kwargs)

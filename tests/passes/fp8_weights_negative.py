@@ -1,0 +1,35 @@
+# RUN: %python %s %t.pt2
+# RUN: llmc-opt %t.pt2 --pipeline --target cpu --dtype fp8 --stats 2> %t.stats | filecheck %s
+# RUN: filecheck %s --check-prefix=STATS < %t.stats
+# Left in f32: an embedding table (quantized only with the fp8_embeddings option), a 1-d weight
+# (a norm), and a buffer the program writes. Only the linear weight becomes fp8.
+import sys
+
+import torch
+
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 16)
+        self.norm = torch.nn.RMSNorm(16)
+        self.lin = torch.nn.Linear(16, 4, bias=False)
+        self.register_buffer("seen", torch.zeros(4, 16))
+
+    def forward(self, ids):
+        h = self.norm(self.emb(ids))
+        self.seen.add_(h[:, :1].sum(0))
+        return self.lin(h)
+
+
+torch.export.save(torch.export.export(M(), (torch.tensor([[1, 2, 3, 4]]),)), sys.argv[1])
+
+# CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"emb.weight"> : tensor<10x16xf32>
+# CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"norm.weight"> : tensor<16xf32>
+# CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"seen"> : tensor<4x16xf32>, is_mutable
+# CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"lin.weight"> : tensor<4x16xi8>
+
+# STATS:       "name": "fp8-weights"
+# STATS:       "rewrote": 1
+# STATS:       "declined": 1
+# STATS:       "embedding table (set fp8_embeddings to quantize it)"

@@ -1,0 +1,99 @@
+"""Numerics of the fp8-weights pass (passes/fp8_weights.py), in eager PyTorch.
+
+- decode_sw: every one of the 256 E4M3FN codes decodes to PyTorch's own float8_e4m3fn value, bit for
+  bit (signed zeros and subnormals included); only the two NaN codes differ, and the quantizer never
+  writes them.
+- FN -> FNUZ: every finite FN code, converted and read as float8_e4m3fnuz with the adjusted scale,
+  is the same real number (no re-quantization through float).
+- quantize: within half an E4M3 step of the weight (relative 2^-4 of the row's scale x code).
+- the pass on an exported program: the rewritten program computes exactly what the model computes
+  with decode(q) * s in place of each linear weight (and of the embedding rows it gathers).
+"""
+
+import pytest
+import torch
+
+from llmc.compiler import pipeline, targets
+from llmc.passes.fp8_weights import FN_MAX, decode_native, decode_sw, fn_to_fnuz, quantize
+
+CODES = torch.arange(-128, 128, dtype=torch.int32).to(torch.int8)
+FN = CODES.view(torch.float8_e4m3fn).float()
+FINITE = ~torch.isnan(FN)
+
+
+def test_software_decode_is_exact_for_all_256_codes():
+    got = decode_sw(CODES)
+    assert CODES[~FINITE].tolist() == [-1, 127]  # 0xFF, 0x7F: FN's NaNs
+    assert torch.equal(got[FINITE].view(torch.int32), FN[FINITE].view(torch.int32))
+
+
+def test_fn_to_fnuz_keeps_every_value():
+    bits, scale = fn_to_fnuz(CODES[FINITE], torch.tensor([[3.0]]))
+    assert scale.item() == 6.0
+    as_fnuz = bits.view(torch.float8_e4m3fnuz).float() * (scale / 3.0)
+    assert not torch.isnan(as_fnuz).any()  # FN's -0 (0x80) is FNUZ's NaN: it became +0
+    assert torch.equal(as_fnuz.flatten(), FN[FINITE] + 0.0)  # + 0.0: -0 == +0 as values
+    assert torch.equal(decode_native(bits, "e4m3fnuz", torch.float32) * 2, FN[FINITE] + 0.0)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_quantize_error_within_half_a_step(per_channel):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 96, generator=g) * torch.logspace(-3, 1, 64).unsqueeze(1)  # rows of very different size
+    bits, scale = quantize(w, per_channel)
+    assert bits.dtype == torch.int8 and scale.shape == ((64, 1) if per_channel else (1, 1))
+    assert int(bits.view(torch.uint8).max()) != 0x7F and not (bits == -1).any()  # never a NaN code
+    back = decode_sw(bits) * scale
+    # Half a step: 2^-4 relative for normal codes (3 mantissa bits), 2^-10 x scale in the subnormal range.
+    bound = torch.maximum(w.abs() * 2**-4, 2**-10 * scale.expand_as(w))
+    assert ((back - w).abs() <= bound * (1 + 1e-6)).all(), ((back - w).abs() / bound).max()
+    if per_channel:
+        assert torch.allclose((decode_sw(bits).abs().amax(1)), torch.full((64,), FN_MAX))  # each row uses the range
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 16, bias=False)
+
+    def forward(self, ids):
+        return self.down(torch.relu(self.up(self.emb(ids))))
+
+
+def _dequantized(model: _Model, names) -> _Model:
+    ref = _Model()
+    ref.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for name in names:
+            w = ref.get_parameter(name)
+            bits, scale = quantize(w)
+            w.copy_(decode_sw(bits) * scale)
+    return ref
+
+
+@pytest.mark.parametrize("embeddings", [False, True])
+def test_pass_computes_with_the_dequantized_weights(embeddings):
+    torch.manual_seed(0)
+    model = _Model().eval()
+    ids = torch.tensor([[3, 7, 0, 49, 7]])
+    program = torch.export.export(model, (ids,)).run_decompositions(pipeline.base_decompositions())
+    target = targets.resolve("cpu", None, "fp8")
+    plan = pipeline.build(target, {"fp8_embeddings": embeddings}, only=["fp8-weights"])
+    program = plan.graph[0].run(program)
+    quantized = ["up.weight", "down.weight"] + (["emb.weight"] if embeddings else [])
+    assert sorted(k for k, v in program.state_dict.items() if v.dtype == torch.int8) == sorted(quantized)
+    assert all(program.state_dict[f"{k}_fp8_scale"].shape == (program.state_dict[k].shape[0], 1) for k in quantized)
+    got = program.module()(ids)
+    want = _dequantized(model, quantized)(ids)
+    assert torch.allclose(got, want, rtol=0, atol=1e-6), (got - want).abs().max()
+    assert not torch.allclose(got, model(ids), rtol=0, atol=1e-6)  # the quantization is visible
+
+
+def test_excluded_weights_stay():
+    program = torch.export.export(_Model(), (torch.tensor([[1, 2]]),)).run_decompositions(pipeline.base_decompositions())
+    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {"fp8_exclude": ("down.*",)}, only=["fp8-weights"])
+    program = plan.graph[0].run(program)
+    assert program.state_dict["down.weight"].dtype == torch.float32 and program.state_dict["up.weight"].dtype == torch.int8
+    assert "excluded by 'down.*'" in plan.stats()[0]["decline_reasons"]
