@@ -40,6 +40,7 @@ GRAPH_PASSES: list[str] = [
 ]
 IR_PASSES: list[str] = [
     "log10-to-log",  # llvm-cpu links no log10f: log(x) / ln(10)
+    "bitcast-elementwise",  # same-width view.dtype as a fusable elementwise bitcast (the fp8/bf16 weight decodes)
 ]
 
 

@@ -25,7 +25,7 @@ torch.export.save(torch.export.export(M(), (torch.randn(2, 16),)), sys.argv[1])
 # CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"scale"> : tensor<8xi16>
 # CHECK-LABEL: func.func @main
 # CHECK:       torch.aten.__lshift__.Scalar {{.*}} -> !torch.vtensor<[8,16],si32>
-# CHECK:       torch.aten.view.dtype {{.*}} -> !torch.vtensor<[8,16],f32>
+# CHECK:       call @__llmc_bitcast_8x16_i32_f32({{.*}}) : (tensor<8x16xi32>) -> tensor<8x16xf32>
 # CHECK-NOT:   bf16
 
 # STATS:       "name": "bf16-weights"

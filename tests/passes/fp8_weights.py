@@ -19,7 +19,7 @@ torch.export.save(torch.export.export(m, (torch.randn(2, 16),)), sys.argv[1])
 # CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"0.bias"> : tensor<32xf32>
 # CHECK-LABEL: func.func @main
 # CHECK:       torch.aten.__lshift__.Scalar {{.*}} -> !torch.vtensor<[32,16],si32>
-# CHECK:       torch.aten.view.dtype {{.*}} -> !torch.vtensor<[32,16],f32>
+# CHECK:       call @__llmc_bitcast_32x16_i32_f32({{.*}}) : (tensor<32x16xi32>) -> tensor<32x16xf32>
 # CHECK:       torch.aten.mul.Tensor {{.*}} !torch.vtensor<[32,16],f32>, !torch.vtensor<[32,1],f32> -> !torch.vtensor<[32,16],f32>
 # CHECK-NOT:   f8E4M3
 
