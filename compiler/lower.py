@@ -320,10 +320,10 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
     else:
         a = target.arch_caps
         t["iree_target"] = a.iree_name or "written into the module (hal.device.targets)"
-        # What the runtime checks against the device before it runs anything (runtime/module.py).
+        # What the runtime checks against the device before it runs anything (runtime/device.py).
         t["requires"] = {
             "subgroup_sizes": list(a.subgroup_sizes),
-            "float16": target.dtype == "f16",
+            "float16": target.compute_dtype == "f16",
             "float64": a.f64 and uses_f64,
         }
     params = None

@@ -35,6 +35,7 @@ SOURCE_PASSES: list[str] = [
 GRAPH_PASSES: list[str] = [
     "slice-copy",  # torch-mlir has no aten.slice_copy lowering
     "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
+    "dtype-harmony",  # mm/addmm with operands of different float dtypes: explicit casts (torch-mlir rejects them)
     "bf16-weights",  # SPIR-V bf16: weights stored as int16 bits, widened with integer ops; f32 math
     "fp8-weights",  # --dtype fp8: linear weights as E4M3 bytes + per-channel scales, decoded where used
 ]
