@@ -271,6 +271,12 @@ def cmd_info(args) -> int:
     if args.json:
         print(json.dumps(m, indent=2))
         return 0
+    from llmc.compiler import vmfb as vmfb_info
+
+    try:  # before anything is printed: a file that is no IREE module is one error line
+        code = vmfb_info.inspect(vmfb)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
     t = m["target"]
     print(f"module:   {vmfb}")
     print(f"target:   {t['name']} ({t['backend']}, arch {t['arch']}{' = ' + t['cpu'] if t.get('cpu') else ''}), dtype {m['dtype']}")
@@ -280,12 +286,7 @@ def cmd_info(args) -> int:
         print(f"params:   {p['file']} ({p['count']} tensors, {p['bytes'] / 1e6:.1f} MB, scope '{p['scope']}')")
     if t.get("cpu_features"):
         print(f"cpu:      {t.get('cpu') or t['arch']}: {' '.join(t['cpu_features'])}")
-    from llmc.compiler import vmfb as vmfb_info
-
-    try:
-        print(f"code:     {vmfb_info.inspect(vmfb).summary()}")
-    except ValueError as e:
-        raise UsageError(str(e)) from e
+    print(f"code:     {code.summary()}")
     for name, ep in m["entry_points"].items():
         print(f"entry:    {name}({', '.join(_grouped(_arg_text(e) for e in ep['inputs']))})")
     if m.get("llm"):

@@ -209,3 +209,32 @@ def walk_ops(module, names: set[str] | None = None):
 
     visit(module.operation)
     return out
+
+
+def written_in_place(node) -> bool:
+    """Whether an op writes into the FX `node` (an in-place op in a program not functionalized yet):
+    such a buffer is state, not a weight a pass may re-encode."""
+    for user in node.users:
+        schema = getattr(user.target, "_schema", None)
+        if schema is None:
+            continue
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                given = user.args[i] if i < len(user.args) else user.kwargs.get(arg.name)
+                if given is node:
+                    return True
+    return False
+
+
+def once_per_tensor(cache: dict, tensor, make):
+    """make(tensor), computed once per source tensor (the same storage, offset, shape and strides).
+
+    One pass instance serves every entry point of a compile, and prefill and decode share their
+    weights: converting each program's copy separately would store every weight twice in the .irpa
+    (the importer's ParamStore deduplicates by storage). The cache keeps the source alive so its
+    storage address is not reused while the key stands."""
+    t = tensor.detach()
+    key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+    if key not in cache:
+        cache[key] = (t, make(t))
+    return cache[key][1]

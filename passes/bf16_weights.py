@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from llmc.passes._base import GraphPass, Requires, register_pass
+from llmc.passes._base import GraphPass, Requires, once_per_tensor, register_pass, written_in_place
 
 _aten = torch.ops.aten
 
@@ -33,20 +33,6 @@ _aten = torch.ops.aten
 def widen_bf16_bits(bits: torch.Tensor) -> torch.Tensor:
     """The f32 values of bf16 numbers given as their int16 bit patterns (the pass's decode, in eager)."""
     return (bits.to(torch.int32) << 16).view(torch.float32)
-
-
-def _written_in_place(node) -> bool:
-    """Whether an op writes into `node` (an in-place op of a program that is not functionalized yet)."""
-    for user in node.users:
-        schema = getattr(user.target, "_schema", None)
-        if schema is None:
-            continue
-        for i, arg in enumerate(schema.arguments):
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                given = user.args[i] if i < len(user.args) else user.kwargs.get(arg.name)
-                if given is node:
-                    return True
-    return False
 
 
 @register_pass("bf16-weights", Requires(backends=("vulkan-spirv",), dtypes=("bf16",)))
@@ -62,7 +48,7 @@ class Bf16WeightsPass(GraphPass):
             if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 continue
             name = spec.target
-            if name in mutated or _written_in_place(placeholders[spec.arg.name]):
+            if name in mutated or written_in_place(placeholders[spec.arg.name]):
                 self.stats.decline(name, "mutated by the program (state, not a weight)")
                 continue
             table = program.state_dict if name in program.state_dict else program.constants
@@ -80,15 +66,9 @@ class Bf16WeightsPass(GraphPass):
         return program
 
     def _bits(self, tensor: torch.Tensor, as_parameter: bool) -> torch.Tensor:
-        """The int16 bits of `tensor` in bf16, made once per source tensor: the prefill and decode
-        programs share their weights, and the parameter store keeps one copy of a shared tensor."""
-        t = tensor.detach()
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-        cache = self.__dict__.setdefault("_converted", {})
-        if key not in cache:
-            bits = t.to(torch.bfloat16).view(torch.int16)
-            cache[key] = (t, torch.nn.Parameter(bits, requires_grad=False) if as_parameter else bits)  # t: keeps the key's storage alive
-        return cache[key][1]
+        """The int16 bits of `tensor` in bf16, made once per source tensor (_base.once_per_tensor)."""
+        bits = once_per_tensor(self.__dict__.setdefault("_converted", {}), tensor, lambda t: t.to(torch.bfloat16).view(torch.int16))
+        return torch.nn.Parameter(bits, requires_grad=False) if as_parameter else bits
 
     @staticmethod
     def _widen_at_uses(graph, node) -> None:

@@ -43,40 +43,38 @@ from llmc.passes._base import DecompositionPass, Requires, register_pass
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
-def _decode_form_refusal(q, k, v, attn_mask, dropout_p, is_causal) -> str | None:
-    """Why the decode form does not apply to this call (None when it does)."""
+def _gqa_refusal(q, k, v, dropout_p) -> str | None:
+    """What both rewritten forms need: 4-d q/k/v, no dropout, whole groups of query heads per KV
+    head, one batch size (None when the call has all of it)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "not 4-d [B, H, S, D]"
-    if not isinstance(q.shape[2], int) or q.shape[2] != 1:
-        return "more than one query row"
     if dropout_p != 0.0:
         return "dropout"
-    if is_causal:
-        return "is_causal with one query row (PyTorch aligns the causal mask top-left)"
     hq, hk = q.shape[1], k.shape[1]
     if not isinstance(hq, int) or not isinstance(hk, int) or hk == 0 or hq % hk:
         return "query heads not a multiple of KV heads"
     if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
         return "batch dims differ"
     return None
+
+
+def _decode_form_refusal(q, k, v, attn_mask, dropout_p, is_causal) -> str | None:
+    """Why the decode form does not apply to this call (None when it does)."""
+    if q.dim() == 4 and (not isinstance(q.shape[2], int) or q.shape[2] != 1):
+        return "more than one query row"
+    if is_causal:
+        return "is_causal with one query row (PyTorch aligns the causal mask top-left)"
+    return _gqa_refusal(q, k, v, dropout_p)
 
 
 def _half_matmul_refusal(q, k, v, attn_mask, dropout_p, is_causal) -> str | None:
     """Why the half-matmul form does not apply to this call (None when it does)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        return "not 4-d [B, H, S, D]"
     if q.dtype != torch.float16 or k.dtype != torch.float16 or v.dtype != torch.float16:
         return "not f16"
-    if dropout_p != 0.0:
-        return "dropout"
-    hq, hk = q.shape[1], k.shape[1]
-    if not isinstance(hq, int) or not isinstance(hk, int) or hk == 0 or hq % hk:
-        return "query heads not a multiple of KV heads"
-    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
-        return "batch dims differ"
-    if attn_mask is not None and (attn_mask.dim() != 4 or attn_mask.shape[1] not in (1, hq)):
+    why = _gqa_refusal(q, k, v, dropout_p)
+    if why is None and attn_mask is not None and (attn_mask.dim() != 4 or attn_mask.shape[1] not in (1, q.shape[1])):
         return "mask not [B or 1, 1 or Hq, S, L]"
-    return None
+    return why
 
 
 def half_matmul_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):

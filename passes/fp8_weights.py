@@ -37,7 +37,7 @@ import fnmatch
 
 import torch
 
-from llmc.passes._base import GraphPass, Requires, register_pass
+from llmc.passes._base import GraphPass, Requires, once_per_tensor, register_pass, written_in_place
 
 _aten = torch.ops.aten
 FN_MAX = 448.0
@@ -106,8 +106,6 @@ class Fp8WeightsPass(GraphPass):
     def run(self, program):
         from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 
-        from llmc.passes.bf16_weights import _written_in_place
-
         opts = self.ctx.options
         exclude = tuple(opts.get("fp8_exclude") or ())
         per_channel = opts.get("fp8_scales", "channel") != "tensor"
@@ -134,7 +132,7 @@ class Fp8WeightsPass(GraphPass):
                 if embedding:
                     self.stats.decline(name, "embedding table (set fp8_embeddings to quantize it)")
                 continue
-            if name in mutated or _written_in_place(node):
+            if name in mutated or written_in_place(node):
                 self.stats.decline(name, "written by the program")
                 continue
             pattern = next((p for p in exclude if fnmatch.fnmatchcase(name, p)), None)
@@ -163,16 +161,12 @@ class Fp8WeightsPass(GraphPass):
         return program
 
     def _quantized(self, tensor, per_channel, flavour):
-        """Quantized once per source tensor (prefill and decode share their weights)."""
-        t = tensor.detach()
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-        cache = self.__dict__.setdefault("_done", {})
-        if key not in cache:
+        """(bits, scale) in the arch's flavour, once per source tensor (_base.once_per_tensor)."""
+        def make(t):
             bits, scale = quantize(t, per_channel)
-            if flavour == "e4m3fnuz":
-                bits, scale = fn_to_fnuz(bits, scale)
-            cache[key] = (t, bits, scale)
-        return cache[key][1], cache[key][2]
+            return fn_to_fnuz(bits, scale) if flavour == "e4m3fnuz" else (bits, scale)
+
+        return once_per_tensor(self.__dict__.setdefault("_done", {}), tensor, make)
 
     @staticmethod
     def _decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale) -> None:

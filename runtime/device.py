@@ -23,7 +23,7 @@ DRIVERS = {"local": ("local-task", "local-sync"), "vulkan": ("vulkan",), "hip": 
 _TARGETS_FOR = {"local-task": "cpu", "local-sync": "cpu", "vulkan": "vulkan or xpu", "hip": "hip", "cuda": "cuda"}
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
@@ -138,5 +138,5 @@ def open_device(manifest: dict, requested: str | None, vmfb):
         return rt.Config(device=rt.get_device(name))
     except Exception as e:
         raise RuntimeLoadError(
-            f"device {name!r}: IREE could not create it ({_first_line(e)}); usable here: {', '.join(usable_devices())}"
+            f"device {name!r}: IREE could not create it ({first_line(e)}); usable here: {', '.join(usable_devices())}"
         ) from e

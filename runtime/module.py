@@ -22,6 +22,7 @@ import numpy as np
 
 from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
 from llmc import dtypes
+from llmc.runtime.device import first_line
 
 PARAM_SCOPE = "model"
 
@@ -182,11 +183,6 @@ def shape_text(shape: list) -> str:
     return "[" + ", ".join(str(d) if isinstance(d, int) else f"{d['name']}:{d['min']}..{d['max']}" for d in shape) + "]"
 
 
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 class Module:
     """A loaded llmc module. Call it like the PyTorch model; entry points are attributes too."""
 
@@ -249,7 +245,7 @@ class Module:
                 self._vm = rt.load_vm_modules(*modules, config=config)[-1]
                 self._config = config
             except Exception as e:
-                raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {_first_line(e)}") from e
+                raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {first_line(e)}") from e
         return self._vm
 
     def _unflatten(self, structure: dict, values: list):

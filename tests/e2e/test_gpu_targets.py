@@ -204,6 +204,8 @@ def test_runtime_refuses_a_module_built_for_another_subgroup_size(checkpoint, tm
 def test_runtime_refuses_other_drivers_and_missing_devices(checkpoint, tmp_path, vulkan_f32):
     with pytest.raises(RuntimeLoadError, match="runs on IREE's vulkan driver, not 'local-task'; use --device=vulkan"):
         llmc.load(vulkan_f32, device="local-task").generate(PROMPT, 2)
+    with pytest.raises(RuntimeLoadError, match=r"--device=vulkan://GPU-none: no such vulkan device; here: vulkan://0 \(llvmpipe"):
+        llmc.load(vulkan_f32, device="vulkan://GPU-none").generate(PROMPT, 2)
     with pytest.raises(RuntimeLoadError, match=r"--device=vulkan://7: this machine has 1 vulkan device\(s\)"):
         llmc.load(vulkan_f32, device="vulkan://7").generate(PROMPT, 2)
     assert llmc.load(vulkan_f32, device="vulkan://0").generate(PROMPT, 4, stop_at_eos=False) == llmc.load(vulkan_f32).generate(PROMPT, 4, stop_at_eos=False)
