@@ -27,6 +27,34 @@ def eager_reference(ep, dtype: str):
     return module
 
 
+def same_fp8_weights(module: torch.nn.Module, params, manifest: dict) -> int:
+    """Replace, in place, each weight the artifact stores in fp8 by the value the device computes
+    with, decode(q) * s (passes/fp8_weights.py), in the weight's own dtype. The weights are the ones
+    with a `<name>_fp8_scale` entry in the artifact's .irpa, `params`; q and s are recomputed from
+    the module's weight with the pass's own quantizer and scale mode (deterministic, and the FN->FNUZ
+    conversion is lossless, so every flavour gives the same values). Returns how many were replaced.
+    """
+    import iree.runtime as rt
+
+    from llmc.errors import UsageError
+    from llmc.passes.fp8_weights import SCALE_SUFFIX, decode_sw, quantize
+
+    index = rt.ParameterIndex()
+    index.load(str(params))
+    names = {k[: -len(SCALE_SUFFIX)] for k, _ in index.items() if k.endswith(SCALE_SUFFIX)}
+    per_channel = manifest["target"].get("pass_options", {}).get("fp8_scales", "channel") != "tensor"
+    tensors = dict([*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)])
+    missing = sorted(names - tensors.keys())
+    if missing:
+        raise UsageError(f"{params}: fp8 weight {missing[0]} is not in the model; diff against the model the artifact was compiled from")
+    with torch.no_grad():
+        for name in sorted(names):
+            t = tensors[name]
+            bits, scale = quantize(t, per_channel)
+            t.copy_((decode_sw(bits) * scale).reshape(t.shape).to(t.dtype))
+    return len(names)
+
+
 class EagerError(LlmcError):
     """Eager PyTorch failed on the inputs (exit 3: nothing to compare against)."""
 

@@ -88,6 +88,7 @@ def run(o, overrides: dict):
             ref = LlamaPrefill(llama)(prompt, *new_cache(cfg, max_len, tdt))
         got = mod.prefill(prompt, *new_cache(cfg, max_len, cache_tdt))
         results.append(diff_metrics.compare("prefill.logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
+        got_logits, fed = [got[0]], []  # kept for the fp8 second reference (same_weights below)
         ref_cache, got_cache = ref[1:], got[1:]
         n = prompt.shape[1]
         # --per-layer localises both entry points on eager's inputs: the prompt, and the first decode
@@ -104,6 +105,8 @@ def run(o, overrides: dict):
                 ref = LlamaDecode(llama)(token, mask, *ref_cache)
             got = mod.decode(token, mask, *got_cache)
             results.append(diff_metrics.compare(f"decode[{i}].logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
+            got_logits.append(got[0])
+            fed.append((token, mask))
             ref_cache, got_cache = ref[1:], got[1:]
         seconds = time.perf_counter() - start
         located = {}
@@ -117,14 +120,29 @@ def run(o, overrides: dict):
                     workdir=workdir, repro_dir=o.repro_dir or Path.cwd(), quiet=not o.verbose,
                     strip_prefix=entry.exported.strip_prefix,
                 )
+        same = None
+        if dtype == "fp8":
+            same = _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_len, tdt, o.top_k)
 
     bad = diff_metrics.worst(results)
     passed = all(r.passed for r in results)
     lines = [diff_metrics.result_line(r) for r in results]
     lines.append(f"greedy tokens: {sum(agree)} of {len(agree)} decode-step inputs agree with eager's choice")
+    if same is not None:
+        s_results, s_meta = same
+        s_bad = diff_metrics.worst(s_results)
+        s_passed = all(r.passed for r in s_results)
+        lines.append(
+            f"vs eager with the same fp8 weights ({s_meta['weights']} dequantized in PyTorch, profile {s_meta['profile']}): "
+            + (f"PASS, worst {s_bad.name} cosine {s_bad.cosine:.6f}" if s_passed else f"FAIL, worst {s_bad.name}: {s_bad.reason}")
+        )
     n_fail = sum(not r.passed for r in results)
-    if passed:
+    if passed and (same is None or s_passed):
         summary = f"PASS: prompt of {prompt.shape[1]} + {steps} decode steps, {len(results)} logits outputs, tolerance profile {profile}"
+        if same is not None:
+            summary += f"; and vs the same fp8 weights, profile {s_meta['profile']}"
+    elif passed:
+        summary = f"FAIL: vs eager with the same fp8 weights (profile {s_meta['profile']}), worst {s_bad.name}: {s_bad.reason}"
     else:
         summary = f"FAIL: {n_fail} of {len(results)} logits outputs over tolerance (profile {profile}); worst {bad.name}: {bad.reason}"
     for name, pl in located.items():
@@ -133,6 +151,8 @@ def run(o, overrides: dict):
             summary += f"; {name}: first divergent module " + (pl.first.probe.module if pl.first else "none")
     lines.append(summary)
     entries = [report.entry_record("prefill+decode", results, bad, seconds, None)]
+    if same is not None:
+        entries.append(report.entry_record("prefill+decode vs same fp8 weights", s_results, s_bad, s_meta.pop("seconds"), None))
     # One report entry per localised entry point: its logits output and its module outputs.
     firsts = {"prefill": results[:1], "decode": results[1:2]}
     for name, pl in located.items():
@@ -141,6 +161,26 @@ def run(o, overrides: dict):
         summary=summary, model=str(o.model), artifact=str(vmfb), compiled_by_diff=o.artifact is None, manifest=manifest,
         profile=profile, tolerance=tol, overrides=overrides,
         inputs={"source": "random", "seed": o.seed, "file": None},
-        entries=entries,
+        entries=entries, same_weights=None if same is None else s_meta,
     )
-    return report.DiffOutcome(passed, rep, lines)
+    return report.DiffOutcome(rep["passed"], rep, lines)
+
+
+def _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_len, tdt, top_k):
+    """fp8: eager again on the same inputs, each fp8 weight replaced by decode(q) * s (changes
+    `llama` in place: run after everything else that needs the original weights). What remains
+    between the two sides is the compute dtype's arithmetic, judged by that dtype's profile."""
+    from llmc.compiler.diff_eager import same_fp8_weights
+    from llmc.models.llama.model import LlamaDecode, LlamaPrefill, new_cache
+
+    start = time.perf_counter()
+    n = same_fp8_weights(llama, mod.params, manifest)
+    profile = manifest["compute_dtype"]
+    tol = diff_metrics.TOLERANCES[profile]
+    with torch.no_grad():
+        ref = LlamaPrefill(llama)(prompt, *new_cache(llama.config, max_len, tdt))
+        out = [diff_metrics.compare("prefill.logits", got_logits[0], ref[0], tol, logits=True, top_k=top_k)]
+        for i, ((token, mask), got) in enumerate(zip(fed, got_logits[1:])):
+            ref = LlamaDecode(llama)(token, mask, *ref[1:])
+            out.append(diff_metrics.compare(f"decode[{i}].logits", got, ref[0], tol, logits=True, top_k=top_k))
+    return out, {"profile": profile, "tolerance": dict(tol), "weights": n, "seconds": time.perf_counter() - start}

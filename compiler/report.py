@@ -166,7 +166,28 @@ REPORT_SCHEMA = {
             "required": ["source", "seed", "file"],
             "additionalProperties": False,
         },
-        "entry_points": {"type": "array", "minItems": 1, "items": _ENTRY_SCHEMA, "description": "one record per entry point compared"},
+        "entry_points": {
+            "type": "array", "minItems": 1, "items": _ENTRY_SCHEMA,
+            "description": "one record per entry point compared; for fp8 artifacts also one per entry point against eager "
+            "with the same fp8 weights (named '<entry> vs same fp8 weights', judged by `same_weights`)",
+        },
+        "same_weights": {
+            "description": "fp8 artifacts: the second reference, eager PyTorch with each weight the artifact stores in fp8 "
+            "replaced by its dequantized value decode(q) * s, in the compute dtype; null (or absent) otherwise",
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "profile": {"type": "string", "description": "the compute dtype's tolerance profile"},
+                        "tolerance": _TOLERANCE_SCHEMA,
+                        "weights": {"type": "integer", "minimum": 0, "description": "number of weights dequantized on the eager side"},
+                    },
+                    "required": ["profile", "tolerance", "weights"],
+                    "additionalProperties": False,
+                },
+            ],
+        },
         "worst": {
             "description": "the worst output over all entry points; null when there are no outputs",
             "oneOf": [
@@ -238,7 +259,7 @@ class DiffOutcome:
 
 
 def build_report(*, summary: str, model: str, artifact: str, compiled_by_diff: bool, manifest: dict, profile: str,
-                 tolerance: dict, overrides: dict, inputs: dict, entries: list[dict]) -> dict:
+                 tolerance: dict, overrides: dict, inputs: dict, entries: list[dict], same_weights: dict | None = None) -> dict:
     import torch
 
     import llmc
@@ -265,6 +286,7 @@ def build_report(*, summary: str, model: str, artifact: str, compiled_by_diff: b
             "tolerance_overrides": dict(overrides),
             "inputs": inputs,
             "entry_points": entries,
+            "same_weights": same_weights,
             "worst": worst,
             "versions": {"llmc": llmc.__version__, "torch": torch.__version__},
         }

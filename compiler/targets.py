@@ -69,6 +69,7 @@ class ArchCaps:
     iree_name: str = ""  # the name IREE's own target table knows; "" = llmc writes the target into the module
     aliases: tuple[str, ...] = ()  # product / code names accepted for --arch
     note: str = ""
+    iree_flags: tuple[str, ...] = ()  # what llmc adds for this arch (each a route around an IREE bug, commented where set)
 
     def __post_init__(self):
         if self.fp8 not in FP8_FLAVOURS:
@@ -180,9 +181,17 @@ _INTEL_WGP = (
 _INTEL_FEATURES = "spirv:v1.6,cap:Shader,cap:PhysicalStorageBufferAddresses,cap:PhysicalStorageBuffer64,cap:Int64"
 
 
-def _gpu(fp8="none", *, bf16=True, f64=True, int8_dot=True, subgroups=(64,), shared_kb=64, iree_name="", aliases=(), note=""):
+def _gpu(fp8="none", *, bf16=True, f64=True, int8_dot=True, subgroups=(64,), shared_kb=64, iree_name="", aliases=(), note="", iree_flags=()):
     return ArchCaps(fp8=fp8, bf16=bf16, f64=f64, int8_dot=int8_dot, subgroup_sizes=tuple(subgroups),
-                    shared_memory_kb=shared_kb, iree_name=iree_name, aliases=tuple(aliases), note=note)
+                    shared_memory_kb=shared_kb, iree_name=iree_name, aliases=tuple(aliases), note=note, iree_flags=tuple(iree_flags))
+
+
+# gfx950: IREE 3.13 is killed by SIGFPE (a division by zero in getXorShuffleParamsForTunedChipset,
+# reached from LLVMGPUSelectLoweringStrategy's matmul config) on every f16/bf16 matmul with fewer
+# than 16 rows and K >= 128: every decode-step linear (M = 1) of a Llama. The xor-shuffle parameters
+# belong to gfx950's direct global-load-to-LDS path; with it off the same matmuls compile
+# (tests/e2e/test_dtype_matrix.py pins both sides).
+_GFX950_FLAGS = ("--iree-llvmgpu-use-direct-load=false",)
 
 
 TARGETS: dict[str, TargetCaps] = {
@@ -211,8 +220,8 @@ TARGETS: dict[str, TargetCaps] = {
         default_arch="gfx942",
         archs={
             "gfx942": _gpu("e4m3fnuz", iree_name="gfx942", aliases=("mi300x", "mi300a", "mi325x", "cdna3"), note="MI300"),
-            "gfx950": _gpu("e4m3fn", shared_kb=160, iree_name="gfx950", aliases=("mi355x", "mi350x", "cdna4"),
-                           note="MI355; iree-compile crashed (exit 248) on another model's f16/bf16 decoder layers; the tiny Llama compiles"),
+            "gfx950": _gpu("e4m3fn", shared_kb=160, iree_name="gfx950", aliases=("mi355x", "mi350x", "cdna4"), iree_flags=_GFX950_FLAGS,
+                           note="MI355; direct loads to LDS off (IREE 3.13 crashes on small-M f16/bf16 matmuls with them)"),
             "gfx1100": _gpu(subgroups=(32, 64), iree_name="gfx1100", aliases=("rx7900xtx", "rx7900xt", "w7900", "rdna3"), note="RDNA3"),
             "gfx1201": _gpu("e4m3fn", subgroups=(32, 64), iree_name="gfx1201", aliases=("rx9070xt", "rx9070", "r9700", "rdna4"), note="RDNA4"),
         },
@@ -386,7 +395,19 @@ def resolve(
     return ResolvedTarget(caps, arch, dtype, dynamic, tuple(extra_flags))
 
 
+# fp8 weights stay 1 byte per weight in device memory. IREE hoists any computation on constants
+# (parameters included) into load-time initializers when the result grows by at most 1 MiB (its
+# --iree-opt-const-expr-max-size-increase-threshold default): every fp8 weight below ~256K elements
+# would be decoded once at load and kept widened, and the call would run a plain f32/f16 matmul on
+# it. With the threshold at 0 the decode stays in the dispatch that uses the weight.
+_FP8_FLAGS = ["--iree-opt-const-expr-max-size-increase-threshold=0"]
+
+
 def _flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:
+    return _target_flags(caps, arch, dtype, compute, dynamic) + (_FP8_FLAGS if dtype == "fp8" else [])
+
+
+def _target_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:
     if caps.backend == "llvm-cpu":
         return _cpu_flags(caps, arch, dtype, compute, dynamic)
     a = caps.arch_caps(arch)
@@ -396,7 +417,7 @@ def _flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool)
         flags += [f"--iree-hal-target-device={caps.device}", f"{option}={a.iree_name}"]
     if a.f64:
         flags.append("--iree-input-demote-f64-to-f32=false")  # f64 is kept, as on cpu
-    return flags
+    return flags + list(a.iree_flags)
 
 
 def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:

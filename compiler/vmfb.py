@@ -5,6 +5,7 @@ device target it was compiled for.
     info.formats          # {"rocm-hsaco-fb"}
     info.binary_archs     # {"gfx942"}: read from the code objects, not from llmc's manifest
     info.target_archs     # {"gfx942"}: from the module's own #iree_gpu.target
+    info.dispatches       # ("main$async_dispatch_5_attention_2x2x8x16x16x8", ...): what IREE formed
 
 An IREE module is a FlatBuffer that is also a zip archive: `module.fb` (the VM bytecode) and one
 entry per executable, named `<dispatch>_<format>.fb` (`.so` for llvm-cpu). The binaries carry their
@@ -48,6 +49,10 @@ class ModuleInfo:
     executables: tuple[Executable, ...]
     target_archs: frozenset[str]  # `arch = "..."` of the module's GPU device targets
     subgroup_sizes: tuple[int, ...]  # subgroup_size_choices of those targets (first target)
+    # The dispatch functions the VM module calls, named by IREE after their root op and shape
+    # (`<function>$async_dispatch_<n>_<op>_<shape>_<types>`; `_initializer_<k>_dispatch_...` for work
+    # IREE hoisted to load time): tests read which ops IREE formed, e.g. its fused attention op.
+    dispatches: tuple[str, ...] = ()
 
     @property
     def formats(self) -> set[str]:
@@ -101,4 +106,15 @@ def inspect(path) -> ModuleInfo:
     archs = frozenset(m.decode() for m in re.findall(rb'#iree_gpu\.target<arch = "([^"]+)"', module))
     m = re.search(rb"subgroup_size_choices = \[([0-9, ]+)\]", module)
     sizes = tuple(int(x) for x in m.group(1).split(b",")) if m else ()
-    return ModuleInfo(path, tuple(exes), archs, sizes)
+    return ModuleInfo(path, tuple(exes), archs, sizes, _dispatch_names(module))
+
+
+def _dispatch_names(module: bytes) -> tuple[str, ...]:
+    """Dispatch function names in the VM module: FlatBuffer strings, each after its 4-byte length."""
+    names = set()
+    for m in re.finditer(rb"[A-Za-z_][A-Za-z0-9_]*\$?[A-Za-z0-9_]*dispatch_[0-9]+_[A-Za-z0-9_]+", module):
+        start = m.start()
+        length = int.from_bytes(module[start - 4 : start], "little") if start >= 4 else 0
+        if 0 < length <= m.end() - start:
+            names.add(module[start : start + length].decode())
+    return tuple(sorted(names))

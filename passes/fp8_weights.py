@@ -41,6 +41,7 @@ from llmc.passes._base import GraphPass, Requires, once_per_tensor, register_pas
 
 _aten = torch.ops.aten
 FN_MAX = 448.0
+SCALE_SUFFIX = "_fp8_scale"  # the scale of weight W is the buffer W + SCALE_SUFFIX
 
 # Ops a weight reaches a matrix product through, and the products themselves.
 _VIEWS = {
@@ -144,7 +145,7 @@ class Fp8WeightsPass(GraphPass):
                 self.stats.decline(name, "weights beyond 1e5 in magnitude (the decode's scale x 2^120 overflows f32)")
                 continue
             program.state_dict[name] = torch.nn.Parameter(bits, requires_grad=False) if spec.kind == InputKind.PARAMETER else bits
-            scale_name = f"{name}_fp8_scale"
+            scale_name = name + SCALE_SUFFIX
             with graph.inserting_before(placeholders[sig.input_specs[first_user_input].arg.name] if first_user_input < len(sig.input_specs) else node):
                 scale_node = graph.placeholder(f"b_{scale_name.replace('.', '_')}")
             program.state_dict[scale_name] = scale

@@ -129,6 +129,27 @@ def test_same_weights_pass(built, work, capsys):
     assert sorted(p.name for p in work.iterdir()) == ["r.json", "r.xml"]
 
 
+def test_fp8_artifact_is_compared_with_both_references(built, work, capsys):
+    """--dtype fp8: eager f32 with the original weights (fp8 profile) and eager f32 with the same
+    fp8 weights dequantized in PyTorch (the compute dtype's profile, f32 on cpu), both in the report."""
+    art = llmc.compile(built["model"], dtype="fp8", output=work / "f8.vmfb")
+    code, out, err = llmc_diff(capsys, built["model"], art.vmfb, "--json", "r.json", "--junit", "r.xml")
+    assert code == 0, out + err
+    rep = json.loads((work / "r.json").read_text())
+    validate(rep)
+    assert rep["profile"] == "fp8" and rep["same_weights"]["profile"] == "f32"
+    assert rep["same_weights"]["weights"] == 12  # 5 blocks x 2 + head + aux
+    orig, same = rep["entry_points"]
+    assert same["name"] == "main vs same fp8 weights" and orig["passed"] and same["passed"]
+    for o, s in zip(orig["outputs"], same["outputs"]):
+        assert s["max_rel"] <= 1e-5 and s["max_rel"] < o["max_rel"] / 10, (o, s)
+    assert [s.name for s in JUnitXml.fromfile(str(work / "r.xml"))] == ["main", "main vs same fp8 weights"]
+    assert "and vs the same fp8 weights (12 dequantized in PyTorch), profile f32" in out.splitlines()[-1]
+    # A model the artifact was not compiled from: its weights differ, so the same-weights side fails.
+    code, out, _ = llmc_diff(capsys, built["other"], art.vmfb)
+    assert code == 1 and out.splitlines()[-1].startswith("FAIL"), out
+
+
 def test_different_weights_fail_and_name_the_worst_output(built, work, capsys):
     code, out, err = llmc_diff(capsys, built["other"], built["vmfb"], "--json", "r.json", "--junit", "r.xml")
     assert code == 1, out + err

@@ -2,8 +2,9 @@
 
 - cpu: 16 greedy tokens equal transformers' LlamaForCausalLM run in f32 with the same quantized
   weights (each linear weight replaced by decode(q) * s in PyTorch, passes/fp8_weights.py), and
-  `llmc diff` against eager f32 with the original weights passes the fp8 profile (logits cosine
-  >= 0.99, compiler/diff_metrics.py). Every quantized weight is 1 byte per element in the .irpa.
+  `llmc diff` passes both of its references: eager f32 with the original weights under the fp8
+  profile (logits cosine >= 0.99, compiler/diff_metrics.py), and eager f32 with the same fp8 weights
+  under the f32 profile (cosine >= 0.99999, max_rel <= 1e-5). Every quantized weight is 1 byte per element in the .irpa.
 - vulkan (lavapipe): the same diff passes (software decode, f16 math).
 """
 
@@ -77,8 +78,16 @@ def test_cpu_fp8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_fp8):
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads((checkpoint / "diff.json").read_text())
     assert report["passed"] and report["profile"] == "fp8"
-    cosines = [o["cosine"] for e in report["entry_points"] for o in e["outputs"]]
-    assert cosines and min(cosines) >= 0.99
+    vs_f32, vs_same = report["entry_points"]  # vs eager f32 with the original weights; vs the same fp8 weights
+    assert vs_same["name"] == "prefill+decode vs same fp8 weights" and vs_same["passed"]
+    assert report["same_weights"] == {"profile": "f32", "tolerance": report["same_weights"]["tolerance"], "weights": len(two_d)}
+    cosines = [o["cosine"] for o in vs_f32["outputs"]]
+    same = [o["cosine"] for o in vs_same["outputs"]]
+    assert len(cosines) == len(same) == 9 and min(cosines) >= 0.99  # prefill + 8 decode steps
+    # With the same weights only f32 arithmetic is left: far closer than to the original weights.
+    assert min(same) >= 0.99999 and max(o["max_rel"] for o in vs_same["outputs"]) <= 1e-5
+    assert max(1 - c for c in cosines) > 100 * max(1 - c for c in same)
+    assert "and vs the same fp8 weights" in r.stdout
 
 
 def test_vulkan_fp8_diff_passes(checkpoint, tmp_path):

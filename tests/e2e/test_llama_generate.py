@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import llmc_in_process
 import torch
 
 transformers = pytest.importorskip("transformers")
@@ -286,7 +287,7 @@ def test_llm_only_options_are_refused_with_one_line(checkpoints, compiled, plain
         (("run", compiled["hf"].vmfb, "--prompt-id", "1,2"), "--prompt-id"),
     ]
     for args, needle in cases:
-        r = _llmc(*args)
+        r = llmc_in_process(*args)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (args, r.returncode, r.stderr)
     assert not (tmp_path / "a.vmfb").exists()
