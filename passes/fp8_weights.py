@@ -201,11 +201,14 @@ def _emit_decode(graph, bits_node, scale_node, flavour, compute):
         value = call(_aten._to_copy.default, (call(_aten.view.dtype, (bits_node, f8)),), {"dtype": compute})
         s = call(_aten._to_copy.default, (scale_node,), {"dtype": compute}) if compute != torch.float32 else scale_node
         return call(_aten.mul.Tensor, (value, s))
-    # decode_sw, with its 2^120 folded into the row's scale: 5 integer ops, a bitcast, one multiply
+    # decode_sw's value with 3 integer ops: the code shifted to the top byte of an i32, shifted back
+    # arithmetically by 4 (the sign fills bits 27..31, the 7 exponent+mantissa bits land at 20..26)
+    # and masked with 0x87F00000; read as f32 that is value x 2^-120, the 2^120 folded into the row's
+    # scale. The shift up makes it independent of how the backend widens i8 (sign- or zero-extension:
+    # a form that relied on sign extension was right on cpu and wrong on IREE's SPIR-V path).
     b = call(_aten._to_copy.default, (bits_node,), {"dtype": torch.int32})
-    sign = call(_aten.__lshift__.Scalar, (call(_aten.bitwise_and.Scalar, (b, 0x80)), 24))
-    mag = call(_aten.__lshift__.Scalar, (call(_aten.bitwise_and.Scalar, (b, 0x7F)), 20))
-    f = call(_aten.view.dtype, (call(_aten.bitwise_or.Tensor, (sign, mag)), torch.float32))
+    top = call(_aten.__lshift__.Scalar, (b, 24))
+    f = call(_aten.view.dtype, (call(_aten.bitwise_and.Scalar, (call(_aten.__rshift__.Scalar, (top, 4)), -0x78100000)), torch.float32))
     value = call(_aten.mul.Tensor, (f, call(_aten.mul.Scalar, (scale_node, 2.0**120))))
     return value if compute == torch.float32 else call(_aten._to_copy.default, (value,), {"dtype": compute})
 
