@@ -191,36 +191,31 @@ def _run(o: DiffOptions) -> DiffOutcome:
             n_same = same_fp8_weights(same_module, mod.params, manifest)
             s_tol = TOLERANCES[manifest["compute_dtype"]]
             s_results = diff_outputs(entry["outputs"], got, run_eager(same_module, args, kwargs), dtype, s_tol, logits=logits, top_k=o.top_k)
-            same = {"profile": manifest["compute_dtype"], "tolerance": dict(s_tol), "weights": n_same}
-            same_seconds = time.perf_counter() - start
+            same = report.SameWeights(s_results, manifest["compute_dtype"], s_tol, n_same, time.perf_counter() - start)
 
     passed = all(r.passed for r in results)
     lines = [result_line(r) for r in results]
     if pl is not None:
         lines.extend(per_layer.summary_lines(pl, o.verbose))
     if same is not None:
-        s_bad = worst(s_results)
-        s_passed = all(r.passed for r in s_results)
-        lines.extend(f"same fp8 weights: {result_line(r)}" for r in s_results)
+        lines.extend(f"same fp8 weights: {result_line(r)}" for r in same.results)
     n_fail = sum(not r.passed for r in results)
-    if passed and (same is None or s_passed):
+    if passed:
         summary = f"PASS: {len(results)} output(s), tolerance profile {profile}" + (f", worst {bad.name}" if bad else "")
-        if same is not None:
-            summary += f"; and vs the same fp8 weights ({same['weights']} dequantized in PyTorch), profile {same['profile']}"
-    elif passed:
-        summary = f"FAIL: vs eager with the same fp8 weights (profile {same['profile']}), worst {s_bad.name}: {s_bad.reason}"
     else:
         summary = f"FAIL: {n_fail} of {len(results)} output(s) over tolerance (profile {profile}); worst {bad.name}: {bad.reason}"
         if pl is not None:
             summary += f"; first divergent module: {pl.first.probe.module}" if pl.first else "; no module output over tolerance"
+    if same is not None:
+        summary = same.summary(summary, passed)
     lines.append(summary)
     entries = [report.entry_record(entry_name, results, bad, seconds, pl)]
     if same is not None:
-        entries.append(report.entry_record(f"{entry_name} vs same fp8 weights", s_results, s_bad, same_seconds, None))
+        entries.append(same.entry(entry_name))
     rep = report.build_report(
         summary=summary, model=str(o.model), artifact=str(vmfb), compiled_by_diff=o.artifact is None, manifest=manifest,
         profile=profile, tolerance=tol, overrides=overrides,
         inputs={"source": "file" if o.inputs else "random", "seed": None if o.inputs else o.seed, "file": str(o.inputs) if o.inputs else None},
-        entries=entries, same_weights=same,
+        entries=entries, same_weights=same and same.record(),
     )
     return DiffOutcome(rep["passed"], rep, lines)

@@ -129,30 +129,22 @@ def run(o, overrides: dict):
     lines = [diff_metrics.result_line(r) for r in results]
     lines.append(f"greedy tokens: {sum(agree)} of {len(agree)} decode-step inputs agree with eager's choice")
     if same is not None:
-        s_results, s_meta = same
-        s_bad = diff_metrics.worst(s_results)
-        s_passed = all(r.passed for r in s_results)
-        lines.append(
-            f"vs eager with the same fp8 weights ({s_meta['weights']} dequantized in PyTorch, profile {s_meta['profile']}): "
-            + (f"PASS, worst {s_bad.name} cosine {s_bad.cosine:.6f}" if s_passed else f"FAIL, worst {s_bad.name}: {s_bad.reason}")
-        )
+        lines.append(same.line())
     n_fail = sum(not r.passed for r in results)
-    if passed and (same is None or s_passed):
+    if passed:
         summary = f"PASS: prompt of {prompt.shape[1]} + {steps} decode steps, {len(results)} logits outputs, tolerance profile {profile}"
-        if same is not None:
-            summary += f"; and vs the same fp8 weights, profile {s_meta['profile']}"
-    elif passed:
-        summary = f"FAIL: vs eager with the same fp8 weights (profile {s_meta['profile']}), worst {s_bad.name}: {s_bad.reason}"
     else:
         summary = f"FAIL: {n_fail} of {len(results)} logits outputs over tolerance (profile {profile}); worst {bad.name}: {bad.reason}"
     for name, pl in located.items():
         lines.extend(per_layer.summary_lines(pl, o.verbose, label=f"per-layer {name}"))
         if not passed:
             summary += f"; {name}: first divergent module " + (pl.first.probe.module if pl.first else "none")
+    if same is not None:
+        summary = same.summary(summary, passed)
     lines.append(summary)
     entries = [report.entry_record("prefill+decode", results, bad, seconds, None)]
     if same is not None:
-        entries.append(report.entry_record("prefill+decode vs same fp8 weights", s_results, s_bad, s_meta.pop("seconds"), None))
+        entries.append(same.entry("prefill+decode"))
     # One report entry per localised entry point: its logits output and its module outputs.
     firsts = {"prefill": results[:1], "decode": results[1:2]}
     for name, pl in located.items():
@@ -161,7 +153,7 @@ def run(o, overrides: dict):
         summary=summary, model=str(o.model), artifact=str(vmfb), compiled_by_diff=o.artifact is None, manifest=manifest,
         profile=profile, tolerance=tol, overrides=overrides,
         inputs={"source": "random", "seed": o.seed, "file": None},
-        entries=entries, same_weights=None if same is None else s_meta,
+        entries=entries, same_weights=same and same.record(),
     )
     return report.DiffOutcome(rep["passed"], rep, lines)
 
@@ -170,6 +162,7 @@ def _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_l
     """fp8: eager again on the same inputs, each fp8 weight replaced by decode(q) * s (changes
     `llama` in place: run after everything else that needs the original weights). What remains
     between the two sides is the compute dtype's arithmetic, judged by that dtype's profile."""
+    from llmc.compiler import report
     from llmc.compiler.diff_eager import same_fp8_weights
     from llmc.models.llama.model import LlamaDecode, LlamaPrefill, new_cache
 
@@ -183,4 +176,4 @@ def _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_l
         for i, ((token, mask), got) in enumerate(zip(fed, got_logits[1:])):
             ref = LlamaDecode(llama)(token, mask, *ref[1:])
             out.append(diff_metrics.compare(f"decode[{i}].logits", got, ref[0], tol, logits=True, top_k=top_k))
-    return out, {"profile": profile, "tolerance": dict(tol), "weights": n, "seconds": time.perf_counter() - start}
+    return report.SameWeights(out, profile, tol, n, time.perf_counter() - start)

@@ -258,6 +258,47 @@ class DiffOutcome:
     lines: list[str]  # what the CLI prints, the verdict last
 
 
+@dataclasses.dataclass
+class SameWeights:
+    """The second reference of an fp8 diff (eager with the same fp8 weights): its comparisons, and
+    what llmc diff prints and reports of them. Shared by the .pt2 and the checkpoint diffs."""
+
+    results: list  # diff_metrics.OutputDiff
+    profile: str  # the compute dtype's tolerance profile
+    tolerance: dict
+    weights: int  # how many weights were dequantized on the eager side
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    def worst(self):
+        from llmc.compiler.diff_metrics import worst
+
+        return worst(self.results)
+
+    def line(self) -> str:
+        bad = self.worst()
+        head = f"vs eager with the same fp8 weights ({self.weights} dequantized in PyTorch, profile {self.profile}): "
+        return head + (f"PASS, worst {bad.name} cosine {bad.cosine:.6f}" if self.passed else f"FAIL, worst {bad.name}: {bad.reason}")
+
+    def summary(self, primary_summary: str, primary_passed: bool) -> str:
+        """The verdict line: the primary one, extended when both pass; this one's failure when only it failed."""
+        if not primary_passed:
+            return primary_summary
+        if self.passed:
+            return primary_summary + f"; and vs the same fp8 weights ({self.weights} dequantized in PyTorch), profile {self.profile}"
+        bad = self.worst()
+        return f"FAIL: vs eager with the same fp8 weights (profile {self.profile}), worst {bad.name}: {bad.reason}"
+
+    def entry(self, entry_name: str) -> dict:
+        return entry_record(f"{entry_name} vs same fp8 weights", self.results, self.worst(), self.seconds, None)
+
+    def record(self) -> dict:
+        return {"profile": self.profile, "tolerance": dict(self.tolerance), "weights": self.weights}
+
+
 def build_report(*, summary: str, model: str, artifact: str, compiled_by_diff: bool, manifest: dict, profile: str,
                  tolerance: dict, overrides: dict, inputs: dict, entries: list[dict], same_weights: dict | None = None) -> dict:
     import torch

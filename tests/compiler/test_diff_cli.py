@@ -148,6 +148,15 @@ def test_fp8_artifact_is_compared_with_both_references(built, work, capsys):
     # A model the artifact was not compiled from: its weights differ, so the same-weights side fails.
     code, out, _ = llmc_diff(capsys, built["other"], art.vmfb)
     assert code == 1 and out.splitlines()[-1].startswith("FAIL"), out
+    assert "same fp8 weights: FAIL out[0]" in out  # both references see the changed block
+    # Same inputs and outputs, other parameter names: nothing to dequantize by name; exit 2, one line.
+    wrapped = nn.Module()
+    wrapped.inner = Net().eval()
+    wrapped.forward = lambda x: wrapped.inner(x)
+    save_pt2(wrapped, work / "renamed.pt2")
+    code, out, err = llmc_diff(capsys, work / "renamed.pt2", art.vmfb)
+    assert code == 2, out + err
+    one_error_line(err, "f8.irpa: fp8 weight", "is not in the model; diff against the model the artifact was compiled from")
 
 
 def test_different_weights_fail_and_name_the_worst_output(built, work, capsys):
@@ -449,3 +458,18 @@ def test_artifact_of_another_model(built, work, capsys):
     code, _, err = llmc_diff(capsys, other, built["vmfb"])
     assert code == 2
     one_error_line(err, "diff the artifact against the model it was compiled from")
+
+
+def test_same_weights_failure_alone_fails_the_verdict():
+    """The second fp8 reference decides the verdict when the first passes (report.SameWeights)."""
+    tol = diff_metrics.TOLERANCES["f32"]
+    ref = torch.linspace(1, 2, 8)
+    same = report.SameWeights([diff_metrics.compare("out", ref * 1.01, ref, tol)], "f32", tol, 3, 0.5)
+    assert not same.passed
+    verdict = same.summary("PASS: 1 output(s), tolerance profile fp8", True)
+    assert verdict.startswith("FAIL: vs eager with the same fp8 weights (profile f32), worst out: max_rel"), verdict
+    assert same.summary("FAIL: 1 of 1 output(s)", False) == "FAIL: 1 of 1 output(s)"  # the first failure is named first
+    entry = same.entry("main")
+    assert entry["name"] == "main vs same fp8 weights" and entry["passed"] is False
+    assert same.record() == {"profile": "f32", "tolerance": tol, "weights": 3}
+    assert same.line().startswith("vs eager with the same fp8 weights (3 dequantized in PyTorch, profile f32): FAIL, worst out")

@@ -27,7 +27,7 @@ under fp8 no decode was hoisted to load time. The default run has every dtype on
 one cell per GPU target; -m slow runs all 28 cells.
 """
 
-import math
+import copy
 
 import pytest
 import torch
@@ -94,8 +94,6 @@ def model():
 
 
 def _eager(m, args, dtype):
-    import copy
-
     m = copy.deepcopy(m).to(dtype)
     with torch.no_grad():
         return [o.float() for o in m(args[0].to(dtype), args[1])]
@@ -188,8 +186,6 @@ def _cell(model, tmp_path, target, arch, dtype):
         want = _eager(m, args, torch.float32)
         _check_rows(got, want, 0.995, rows=LINEAR_ROWS, sigma_rel=2e-2)
         from llmc.compiler.diff_eager import same_fp8_weights
-
-        import copy
 
         same = copy.deepcopy(m)
         assert same_fp8_weights(same, art.params, manifest) == 8
