@@ -125,8 +125,17 @@ def check_vulkan(target: dict, iree_name: str, vmfb) -> None:
             raise RuntimeLoadError(f"{vmfb}: the module needs {what}; the Vulkan device {dev.name!r} lacks it")
 
 
-def open_device(manifest: dict, requested: str | None, vmfb):
-    """An iree.runtime.Config on the device the module should run on, after the checks above."""
+def is_device_lost(e: Exception) -> bool:
+    """Whether IREE's error says the Vulkan device was lost (it stays lost: only a new device helps)."""
+    return "VK_ERROR_DEVICE_LOST" in str(e)
+
+
+def open_device(manifest: dict, requested: str | None, vmfb, *, fresh: bool = False):
+    """An iree.runtime.Config on the device the module should run on, after the checks above.
+
+    IREE caches one device per name for the process; `fresh` opens a new one instead (used after the
+    cached one was lost, see Module._vm_module_handle).
+    """
     import iree.runtime as rt
 
     name, driver, entry = resolve_name(manifest, requested, vmfb)
@@ -135,7 +144,7 @@ def open_device(manifest: dict, requested: str | None, vmfb):
     try:
         if driver.startswith("local"):
             return rt.Config(name)
-        return rt.Config(device=rt.get_device(name))
+        return rt.Config(device=rt.get_device(name, cache=not fresh))
     except Exception as e:
         raise RuntimeLoadError(
             f"device {name!r}: IREE could not create it ({first_line(e)}); usable here: {', '.join(usable_devices())}"

@@ -14,6 +14,7 @@ error before IREE sees them. bf16 crosses the boundary as bf16 (ml_dtypes on the
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 from pathlib import Path
@@ -23,6 +24,8 @@ import numpy as np
 from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
 from llmc import dtypes
 from llmc.runtime.device import first_line
+
+log = logging.getLogger("llmc.runtime")
 
 PARAM_SCOPE = "model"
 
@@ -231,22 +234,40 @@ class Module:
 
             if self.threads:
                 rt.flags.parse_flags(f"--task_topology_group_count={int(self.threads)}")
-            from llmc.runtime.device import open_device
+            from llmc.runtime.device import is_device_lost, open_device
 
-            config = open_device(self.manifest, self.device_name, self.vmfb)
             try:
-                modules = []
-                if self.params is not None:
-                    index = rt.ParameterIndex()
-                    index.load(str(self.params))
-                    modules.append(rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope=PARAM_SCOPE)))
-                modules.append(rt.create_hal_module(config.vm_instance, config.device))
-                modules.append(rt.VmModule.mmap(config.vm_instance, str(self.vmfb)))
-                self._vm = rt.load_vm_modules(*modules, config=config)[-1]
-                self._config = config
+                self._vm, self._config = self._load_on(open_device(self.manifest, self.device_name, self.vmfb))
             except Exception as e:
-                raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {first_line(e)}") from e
+                if not is_device_lost(e):
+                    raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {first_line(e)}") from e
+                # Seen on lavapipe under CPU load, at queue.c:2867 of IREE 3.13's Vulkan driver: its
+                # queue wakeup takes the next timeline value with an atomic add and host-signals it
+                # unlocked, so two threads can signal out of order, and Mesa's timeline emulation
+                # marks the device lost on a value that does not increase (docs/targets.md). A lost
+                # device stays lost and IREE caches one per name: load once more on a new device.
+                log.warning("%s: the Vulkan device was lost while loading (%s); retrying once on a new device",
+                            self.vmfb, first_line(e))
+                try:
+                    self._vm, self._config = self._load_on(open_device(self.manifest, self.device_name, self.vmfb, fresh=True))
+                except RuntimeLoadError:
+                    raise
+                except Exception as e2:
+                    raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {first_line(e2)}") from e2
         return self._vm
+
+    def _load_on(self, config):
+        """(the module's VM handle, config) with its parameters and the HAL on config's device."""
+        import iree.runtime as rt
+
+        modules = []
+        if self.params is not None:
+            index = rt.ParameterIndex()
+            index.load(str(self.params))
+            modules.append(rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope=PARAM_SCOPE)))
+        modules.append(rt.create_hal_module(config.vm_instance, config.device))
+        modules.append(rt.VmModule.mmap(config.vm_instance, str(self.vmfb)))
+        return rt.load_vm_modules(*modules, config=config)[-1], config
 
     def _unflatten(self, structure: dict, values: list):
         it = iter(values)

@@ -17,7 +17,7 @@ import torch
 
 import llmc
 from llmc.compiler import diff_metrics
-from llmc.errors import InputError, RuntimeLoadError
+from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
 from llmc.models import zoo
 from llmc.runtime import module as rt_module
 
@@ -202,6 +202,64 @@ def test_copied_artifact_loads_and_runs(compiled, tmp_path):
     vmfb = copy_artifact(art, tmp_path / "copy")
     x = x_of(6, seed=6)
     assert diff_metrics.compare("copy", llmc.load(vmfb)(x), eager(model, x), F32).max_rel <= 1e-5
+
+
+LOST = "c/runtime/src/iree/hal/drivers/vulkan/queue.c:2867: DATA_LOSS; [vkSignalSemaphore] VK_ERROR_DEVICE_LOST"
+
+
+def _losing_device(monkeypatch, losses: int):
+    """Make the first `losses` loads fail the way IREE's Vulkan driver does when the device is lost;
+    record the `fresh` flag of every device opened."""
+    from llmc.runtime import device as rt_device
+
+    opened, real_open, real_load = [], rt_device.open_device, rt_module.Module._load_on
+    left = [losses]
+
+    def open_device(*a, fresh=False, **k):
+        opened.append(fresh)
+        return real_open(*a, fresh=fresh, **k)
+
+    def load_on(self, config):
+        if left[0]:
+            left[0] -= 1
+            raise RuntimeError(f"Error creating vm context with modules: {LOST}; while invoking native function hal.fence.await")
+        return real_load(self, config)
+
+    monkeypatch.setattr(rt_device, "open_device", open_device)
+    monkeypatch.setattr(rt_module.Module, "_load_on", load_on)
+    return opened
+
+
+def test_a_device_lost_while_loading_is_retried_once_on_a_new_device(compiled, monkeypatch, caplog):
+    model, _, art = compiled
+    opened = _losing_device(monkeypatch, losses=1)
+    m = llmc.load(art)
+    x = x_of(7, seed=7)
+    assert diff_metrics.compare("retried", m(x), eager(model, x), F32).max_rel <= 1e-5
+    assert opened == [False, True]  # the cached device first, then a new one
+    assert "Vulkan device was lost while loading" in caplog.text and "retrying once" in caplog.text
+
+
+def test_a_device_lost_twice_is_a_one_line_load_error(compiled, monkeypatch):
+    opened = _losing_device(monkeypatch, losses=2)
+    m = llmc.load(compiled[2])
+    with pytest.raises(RuntimeCallError) as ei:  # loading is lazy: the first call reports it (exit 3)
+        m(x_of(5))
+    msg = str(ei.value)
+    assert opened == [False, True] and "could not load the module" in msg and "VK_ERROR_DEVICE_LOST" in msg, msg
+    assert "\n" not in msg
+
+
+def test_other_load_failures_are_not_retried(compiled, monkeypatch):
+    from llmc.runtime import device as rt_device
+
+    opened = []
+    real_open = rt_device.open_device
+    monkeypatch.setattr(rt_device, "open_device", lambda *a, fresh=False, **k: opened.append(fresh) or real_open(*a, fresh=fresh, **k))
+    monkeypatch.setattr(rt_module.Module, "_load_on", lambda self, config: (_ for _ in ()).throw(RuntimeError("INVALID_ARGUMENT; bad module")))
+    with pytest.raises(RuntimeCallError, match="INVALID_ARGUMENT; bad module"):
+        llmc.load(compiled[2])(x_of(5))
+    assert opened == [False]
 
 
 def test_missing_manifest(compiled, tmp_path):
