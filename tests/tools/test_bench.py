@@ -1,0 +1,77 @@
+"""tools/bench.py end to end on the tiny Llama: one fp8 artifact and both eager references at one
+thread, one round. Checks what the report claims against its own raw samples (medians, ratios,
+roofline) and that every output file is written; speed itself is not tested (it is a benchmark)."""
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench.py"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, str(BENCH), "--config", "tiny", "--dtypes", "fp8", "--threads", "1", "--prompt", "8",
+                           "--decode", "4", "--reps", "1", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "bench.json").read_text()), proc.stdout
+
+
+def test_rows_are_the_medians_of_the_samples_and_ratios_of_the_rows(report):
+    _, rep, _ = report
+    (run,) = rep["runs"]
+    assert run["threads"] == 1 and set(run["samples"]) == {"llmc fp8", "eager f32", "eager bf16"}
+    rows = {(r["phase"], r["engine"]): r for r in rep["rows"]}
+    assert set(rows) == {(p, e) for p in ("prefill", "decode") for e in run["samples"]}
+    for (phase, engine), r in rows.items():
+        samples = run["samples"][engine][phase]
+        assert len(samples) == 1 and all(s > 0 for s in samples)
+        assert r["tok_s"] == pytest.approx(statistics.median(samples))
+        for ref in ("eager f32", "eager bf16"):
+            if engine != ref:
+                assert r[f"vs {ref}"] == pytest.approx(r["tok_s"] / rows[phase, ref]["tok_s"])
+
+
+def test_decode_roofline_uses_the_streamed_weight_bytes(report):
+    from llmc.models.llama.config import get_config
+    from llmc.models.llama.model import init_random
+
+    _, rep, _ = report
+    llama = init_random(get_config("tiny"))
+    embed = llama.model.embed_tokens.weight.numel()
+    assert rep["streamed_parameters"] == sum(p.numel() for p in llama.parameters()) - embed
+    bw = rep["runs"][0]["bandwidth_gb_s"]
+    assert bw > 0.1
+    for r in rep["rows"]:
+        if r["phase"] == "decode":
+            per_weight = {"fp8": 1, "f32": 4, "bf16": 2}[r["engine"].split()[-1]]
+            assert r["roofline_tok_s"] == pytest.approx(bw * 1e9 / (rep["streamed_parameters"] * per_weight))
+            assert r["pct_roofline"] == pytest.approx(100 * r["tok_s"] / r["roofline_tok_s"])
+        else:
+            assert "pct_roofline" not in r
+
+
+def test_table_and_plot_are_written(report):
+    out, rep, stdout = report
+    table = (out / "bench.md").read_text()
+    for r in rep["rows"]:
+        assert f"| {r['phase']} | {r['engine']} | 1 | {r['tok_s']:.1f} |" in table
+    assert table in stdout  # printed too
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "fp8.vmfb").exists() and not list(out.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dtypes", "f64"], "unknown dtype"),
+    (["--threads", "two"], "--threads"),
+    (["--decode", "1"], "--decode >= 2"),
+])
+def test_bad_usage_exits_2(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, str(BENCH), *args, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "o").exists()

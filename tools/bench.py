@@ -1,0 +1,285 @@
+"""Prefill and decode speed of llmc artifacts against eager PyTorch on the same weights, with the
+memory-bandwidth roofline measured in the same run.
+
+    python tools/bench.py [--config small-125m] [--dtypes f32,bf16,fp8] [--threads 1,2]
+                          [--prompt 128] [--decode 32] [--reps 3] [--out out/bench]
+    python tools/bench.py --checkpoint CKPT [--eager bf16] ...   # any Llama checkpoint (Meta or HF)
+
+Compiles one artifact per `--dtypes` entry for cpu (fp8 with `--fp8-embeddings`), then for each
+thread count starts a worker process (IREE's CPU device and torch's thread pool are per process, so
+no run inherits another's threads). A worker loads every artifact with that thread count, sets
+torch.set_num_threads to it, measures read bandwidth (torch sum over a 256 MiB f32 tensor, median of
+5), then alternates --reps rounds (plus one dropped warm-up round) of: each artifact's greedy
+generate(prompt, --decode tokens), and eager PyTorch (llmc's own Llama with a KV cache:
+LlamaPrefill + LlamaDecode) in each `--eager` dtype. Prefill tok/s = prompt tokens / time to the
+first new token; decode tok/s = decode steps / their time. Medians are reported, with each llmc
+figure's ratio to eager f32 and eager bf16 from the same worker, and decode as a fraction of its
+roofline: bandwidth / bytes of weights one decode step streams (every parameter but the embedding
+table, which decode only gathers one row of, at 4/2/1 bytes per weight for f32/bf16/fp8; the KV
+cache and fp8 scales are left out, so the roofline is slightly optimistic).
+
+Writes OUT/bench.json (every sample, medians, ratios, machine facts), OUT/bench.md (the table) and
+OUT/bench.png (tok/s by engine and thread count; needs matplotlib). Figures hold for this machine
+and this run: compare ratios, not absolute numbers, across machines. A benchmark, not a test: it
+exits 0 unless something fails to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+BYTES_PER_WEIGHT = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1}
+TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--config", default="small-125m", help="a named Llama config with random weights (seed 0)")
+    src.add_argument("--checkpoint", type=Path, help="a Llama checkpoint (Meta .pth + params.json, or an HF folder)")
+    ap.add_argument("--dtypes", default="f32,bf16,fp8", help="llmc artifacts to build, comma-separated")
+    ap.add_argument("--eager", default="f32,bf16", help="eager PyTorch references, comma-separated (f32, bf16; '' for none)")
+    ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("out/bench"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: JSON spec of one thread count's runs
+    args = ap.parse_args(argv)
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
+    args.eager = [d for d in args.eager.split(",") if d]
+    bad = [d for d in args.dtypes if d not in BYTES_PER_WEIGHT] + [d for d in args.eager if d not in TORCH_DTYPE]
+    if bad:
+        ap.error(f"unknown dtype(s) {bad}: --dtypes takes {sorted(BYTES_PER_WEIGHT)}, --eager takes {sorted(TORCH_DTYPE)}")
+    try:
+        args.threads = [int(t) for t in args.threads.split(",") if t]
+    except ValueError:
+        ap.error(f"--threads {args.threads!r}: give whole numbers, e.g. 1,2")
+    if not args.threads or min(args.threads) < 1 or args.prompt < 1 or args.decode < 2 or args.reps < 1:
+        ap.error("--threads >= 1, --prompt >= 1, --decode >= 2 and --reps >= 1")
+    return args
+
+
+def load_model(spec: dict):
+    """(config, the Llama in f32 or the checkpoint's dtype, its display name) from a --config or --checkpoint."""
+    from llmc.models.llama.config import get_config
+    from llmc.models.llama.model import Llama, init_random
+
+    if spec.get("checkpoint"):
+        from llmc.models.llama.loaders import load_checkpoint
+
+        config, sd = load_checkpoint(spec["checkpoint"])
+        return config, Llama.from_state_dict(config, sd).eval(), Path(spec["checkpoint"]).name
+    config = get_config(spec["config"])
+    return config, init_random(config, seed=0), config.name
+
+
+def streamed_parameters(llama) -> int:
+    """Parameters one decode step reads whole: all but the embedding table (decode gathers one row of
+    it), unless the LM head shares it."""
+    embed = llama.model.embed_tokens.weight
+    tied = llama.lm_head.weight is embed
+    return sum(p.numel() for p in llama.parameters()) - (0 if tied else embed.numel())
+
+
+def bandwidth_gb_s(reps: int = 5) -> float:
+    """Read bandwidth with torch's current thread count: sum of a 256 MiB f32 tensor, median."""
+    t = torch.ones(64 * 1024 * 1024)
+    t.sum()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        t.sum()
+        times.append(time.perf_counter() - start)
+    return t.numel() * 4 / statistics.median(times) / 1e9
+
+
+def eager_run(llama, config, prompt: list[int], n_new: int, max_len: int, dtype) -> tuple[float, float]:
+    """(prefill tok/s, decode tok/s) of greedy eager generation with a KV cache."""
+    from llmc.models.llama.model import LlamaDecode, LlamaPrefill, new_cache
+
+    cache = new_cache(config, max_len, dtype)
+    prefill, decode = LlamaPrefill(llama), LlamaDecode(llama)
+    with torch.no_grad():
+        start = time.perf_counter()
+        out = prefill(torch.tensor([prompt]), *cache)
+        logits, cache = out[0], out[1:]
+        tok = int(logits[0, -1].argmax())
+        t_prefill = time.perf_counter() - start
+        length = len(prompt)
+        start = time.perf_counter()
+        for _ in range(n_new - 1):
+            length += 1
+            out = decode(torch.tensor([[tok]]), torch.ones(1, length, dtype=torch.int64), *cache)
+            logits, cache = out[0], out[1:]
+            tok = int(logits[0, -1].argmax())
+        t_decode = time.perf_counter() - start
+    return len(prompt) / t_prefill, (n_new - 1) / t_decode
+
+
+def worker(spec: dict) -> dict:
+    """One thread count: every engine, alternating, in this process."""
+    import llmc
+
+    threads = spec["threads"]
+    torch.set_num_threads(threads)
+    config, llama, _ = load_model(spec)
+    # nn.Module.to converts in place: one copy per eager dtype.
+    eager = {f"eager {d}": copy.deepcopy(llama).to(TORCH_DTYPE[d]) for d in spec["eager"]}
+    del llama
+    mods = {f"llmc {d}": llmc.load(path, threads=threads) for d, path in spec["artifacts"].items()}
+    prompt, n_new, max_len = spec["prompt_ids"], spec["decode"], spec["max_len"]
+    bw = bandwidth_gb_s()
+    samples = {name: {"prefill": [], "decode": []} for name in [*mods, *eager]}
+    for rep in range(spec["reps"] + 1):  # round 0 warms up and is dropped
+        for name, mod in mods.items():
+            mod.generate(prompt, n_new, stop_at_eos=False)
+            g = mod.last_generation
+            if rep:
+                samples[name]["prefill"].append(g.prefill_tokens_per_s)
+                samples[name]["decode"].append(g.decode_tokens_per_s)
+        for name, model in eager.items():
+            p, d = eager_run(model, config, prompt, n_new, max_len, next(iter(model.parameters())).dtype)
+            if rep:
+                samples[name]["prefill"].append(p)
+                samples[name]["decode"].append(d)
+        print(f"  threads {threads}: round {rep}/{spec['reps']} done", file=sys.stderr, flush=True)
+    return {"threads": threads, "bandwidth_gb_s": bw, "samples": samples}
+
+
+def summarize(result: dict, streamed: int) -> list[dict]:
+    """One row per (phase, engine): median tok/s, ratios to eager f32/bf16, decode % of roofline."""
+    rows = []
+    med = {name: {k: statistics.median(v) for k, v in s.items()} for name, s in result["samples"].items()}
+    for phase in ("prefill", "decode"):
+        for name, m in med.items():
+            row = {"phase": phase, "engine": name, "threads": result["threads"], "tok_s": m[phase]}
+            for ref in ("eager f32", "eager bf16"):
+                if ref in med and name != ref:
+                    row[f"vs {ref}"] = m[phase] / med[ref][phase]
+            dtype = name.split()[-1]
+            if phase == "decode":
+                roofline = result["bandwidth_gb_s"] * 1e9 / (streamed * BYTES_PER_WEIGHT[dtype])
+                row["roofline_tok_s"] = roofline
+                row["pct_roofline"] = 100 * m[phase] / roofline
+            rows.append(row)
+    return rows
+
+
+def markdown(report: dict) -> str:
+    head = (f"# llmc bench: {report['model']} ({report['streamed_parameters'] / 1e6:.1f}M streamed parameters), "
+            f"prompt {report['prompt']}, decode {report['decode']}, median of {report['reps']}\n\n"
+            f"{report['machine']['cpu']}; read bandwidth " +
+            ", ".join(f"{r['bandwidth_gb_s']:.1f} GB/s at {r['threads']} thread(s)" for r in report["runs"]) + "\n\n")
+    lines = ["| phase | engine | threads | tok/s | vs eager f32 | vs eager bf16 | % of roofline |", "|---|---|---|---|---|---|---|"]
+    fmt = lambda v, f: f.format(v) if v is not None else "-"
+    for r in report["rows"]:
+        lines.append(f"| {r['phase']} | {r['engine']} | {r['threads']} | {r['tok_s']:.1f} | {fmt(r.get('vs eager f32'), '{:.2f}x')} | "
+                     f"{fmt(r.get('vs eager bf16'), '{:.2f}x')} | {fmt(r.get('pct_roofline'), '{:.0f}%')} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib is not installed; no plot (pip install matplotlib)", file=sys.stderr)
+        return False
+    engines = list(dict.fromkeys(r["engine"] for r in report["rows"]))
+    threads = sorted({r["threads"] for r in report["rows"]})
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / len(threads)
+    for ax, phase in zip(axes, ("prefill", "decode")):
+        for j, t in enumerate(threads):
+            vals = [next((r["tok_s"] for r in report["rows"] if r["phase"] == phase and r["engine"] == e and r["threads"] == t), 0) for e in engines]
+            ax.bar([i + j * width for i in range(len(engines))], vals, width, label=f"{t} thread(s)")
+        ax.set_xticks([i + width * (len(threads) - 1) / 2 for i in range(len(engines))], engines, rotation=20)
+        ax.set_title(f"{phase} (tok/s)")
+        ax.legend()
+    fig.suptitle(f"{report['model']}: prompt {report['prompt']}, decode {report['decode']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, format="png")
+    plt.close(fig)
+    return True
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    import llmc
+
+    spec = {"config": None if args.checkpoint else args.config, "checkpoint": str(args.checkpoint) if args.checkpoint else None}
+    config, llama, name = load_model(spec)
+    max_len = args.prompt + args.decode + 8
+    prompt = torch.randint(0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
+    args.out.mkdir(parents=True, exist_ok=True)
+    artifacts, compile_s = {}, {}
+    for d in args.dtypes:
+        print(f"bench: compiling {name} for cpu, --dtype {d} ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        art = llmc.compile(args.checkpoint or llama, dtype=d, output=args.out / f"{d}.vmfb", max_seq_len=max_len,
+                           **({"fp8_embeddings": True} if d == "fp8" else {}))
+        compile_s[d] = time.perf_counter() - start
+        artifacts[d] = str(art.vmfb)
+    streamed = streamed_parameters(llama)
+    del llama
+    runs = []
+    for t in args.threads:
+        print(f"bench: {t} thread(s) ...", file=sys.stderr, flush=True)
+        wspec = {**spec, "threads": t, "artifacts": artifacts, "eager": args.eager, "prompt_ids": prompt,
+                 "decode": args.decode, "max_len": max_len, "reps": args.reps}
+        proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(wspec)], stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            print(f"bench: the {t}-thread worker failed (exit {proc.returncode})", file=sys.stderr)
+            return proc.returncode or 1
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    report = {
+        "model": name, "streamed_parameters": streamed, "prompt": args.prompt, "decode": args.decode, "reps": args.reps,
+        "compile_seconds": compile_s,
+        "machine": {"cpu": _cpu_name(), "platform": platform.platform(), "cores": os.cpu_count()},
+        "runs": runs,
+        "rows": [row for r in runs for row in summarize(r, streamed)],
+    }
+    write_atomic(args.out / "bench.json", json.dumps(report, indent=1).encode())
+    table = markdown(report)
+    write_atomic(args.out / "bench.md", table.encode())
+    plotted = plot(report, args.out / "bench.png.tmp") and os.replace(args.out / "bench.png.tmp", args.out / "bench.png") is None
+    print(table)
+    print(f"wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}" + (f", {args.out / 'bench.png'}" if plotted else ""))
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
