@@ -403,8 +403,15 @@ def resolve(
 _FP8_FLAGS = ["--iree-opt-const-expr-max-size-increase-threshold=0"]
 
 
+# On cpu the fp8-weights pass writes a decode step's linear as an elementwise product and a sum over K
+# of packed weights; IREE fuses a producer into a reduction's input (not its init) only with aggressive
+# fusion, and without the fusion each call writes the decoded f32 weight to memory first.
+_FP8_CPU_FLAGS = ["--iree-dispatch-creation-enable-aggressive-fusion=true"]
+
+
 def _flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:
-    return _target_flags(caps, arch, dtype, compute, dynamic) + (_FP8_FLAGS if dtype == "fp8" else [])
+    fp8 = (_FP8_FLAGS + (_FP8_CPU_FLAGS if caps.backend == "llvm-cpu" else [])) if dtype == "fp8" else []
+    return _target_flags(caps, arch, dtype, compute, dynamic) + fp8
 
 
 def _target_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:

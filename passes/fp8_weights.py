@@ -9,6 +9,12 @@ Produces: per output channel (row) s = amax|w_row| / 448 (or one s per tensor wi
           "tensor"`), q = e4m3fn(w / s) rounded to nearest even, stored as an int8 parameter with the
           same bits; s is an f32 buffer `<name>_fp8_scale` ([rows, 1]). Where the weight was used:
               w' = decode(q) * s     in the program's compute dtype (f32 on cpu, f16 on GPUs)
+          On cpu (software decode) a linear weight [N, K] with N % 8 == 0 is stored packed,
+          P[N/8, K, 8] (P[b, k, j] = q[8b + j, k]), and `x @ w.T` with one row of x becomes
+              (x[:, :, None] * decode(P)).sum(1).view(1, N) * s.T   (+ bias for addmm)
+          which IREE compiles to a transpose-free vectorized reduction (docs/targets.md); every other
+          use reads decode(P) * s unpacked to [N, K]. Same values: only the summation order of the
+          f32 dot product differs from the matmul's.
           decode is chosen from the arch's capabilities (compiler/targets.py `fp8`):
             - "e4m3fnuz" native (gfx942): the FN bits are converted to FNUZ losslessly (same bits,
               value halved: the scale doubles; 0x80, FN's -0, becomes 0x00, FNUZ's +0) and viewed
@@ -144,14 +150,22 @@ class Fp8WeightsPass(GraphPass):
             if flavour not in ("e4m3fn", "e4m3fnuz") and float(scale.max()) * 2.0**120 > torch.finfo(torch.float32).max:
                 self.stats.decline(name, "weights beyond 1e5 in magnitude (the decode's scale x 2^120 overflows f32)")
                 continue
-            program.state_dict[name] = torch.nn.Parameter(bits, requires_grad=False) if spec.kind == InputKind.PARAMETER else bits
+            packed = self._packed(tensor, bits, flavour, embedding)
+            stored = packed if packed is not None else bits
+            program.state_dict[name] = torch.nn.Parameter(stored, requires_grad=False) if spec.kind == InputKind.PARAMETER else stored
             scale_name = name + SCALE_SUFFIX
             with graph.inserting_before(placeholders[sig.input_specs[first_user_input].arg.name] if first_user_input < len(sig.input_specs) else node):
                 scale_node = graph.placeholder(f"b_{scale_name.replace('.', '_')}")
             program.state_dict[scale_name] = scale
             new_specs.append(InputSpec(InputKind.BUFFER, TensorArgument(scale_node.name), scale_name, persistent=True))
-            self._decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale)
-            decode = flavour if flavour in ("e4m3fn", "e4m3fnuz") else "software"
+            if packed is not None:
+                rows = self._decode_packed_at_uses(graph, node, scale_node, bits.shape, per_row=scale.shape[0] != 1,
+                                                   outputs=sig.output_specs)
+                _propagate_fake(graph, node, scale_node, node.meta.get("val"), packed, scale)
+                decode = "software, packed" + (f", {rows} one-row product(s) as a reduction" if rows else "")
+            else:
+                self._decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale)
+                decode = flavour if flavour in ("e4m3fn", "e4m3fnuz") else "software"
             self.stats.rewrite(f"{'per-channel' if per_channel else 'per-tensor'} {decode}")
         if new_specs:
             specs = list(sig.input_specs)
@@ -168,6 +182,70 @@ class Fp8WeightsPass(GraphPass):
             return fn_to_fnuz(bits, scale) if flavour == "e4m3fnuz" else (bits, scale)
 
         return once_per_tensor(self.__dict__.setdefault("_done", {}), tensor, make)
+
+    def _packed(self, tensor, bits, flavour, embedding):
+        """The cpu layout of a linear weight's codes, [N/8, K, 8] (PACK output channels side by side),
+        or None to keep [N, K]. Decided once per source tensor, so every entry point of a program
+        stores the same layout under the weight's name."""
+        if self.ctx.target.caps.backend != "llvm-cpu" or flavour in ("e4m3fn", "e4m3fnuz") or embedding:
+            return None
+        n, k = bits.shape
+        if n % PACK:
+            return None
+        return once_per_tensor(self.__dict__.setdefault("_packs", {}), tensor,
+                               lambda _: bits.reshape(n // PACK, PACK, k).permute(0, 2, 1).contiguous())
+
+    @staticmethod
+    def _decode_packed_at_uses(graph, node, scale_node, shape, per_row: bool, outputs) -> int:
+        """Uses of a packed weight. `x @ w.T` with one row of x (a decode step's linear) becomes
+        (x[:, None] * decode(P)).sum over K, times the row scales after the sum: IREE vectorizes that
+        reduction along the 8 contiguous output channels of each K step, with no transpose (the
+        [N, K] form costs an 8x8 shuffle per 64 weights). Every other use reads the whole weight,
+        decoded and unpacked to [N, K] ahead of the first op. Returns the number of one-row products."""
+        call = graph.call_function
+        n, k = shape
+        rows = 0
+        decoders = set()  # the decode chains' own reads of the codes
+
+        def decode():
+            before = set(node.users)
+            f = _emit_decode_bits(graph, node)
+            decoders.update(set(node.users) - before)
+            return f
+
+        for user in list(node.users):
+            if not _is_transpose(user):
+                continue
+            for product in list(user.users):
+                x = _one_row_input(product, user, k)
+                if x is None:
+                    continue
+                with graph.inserting_before(product):
+                    prod = call(_aten.mul.Tensor, (call(_aten.view.default, (x, [1, k, 1])), decode()))
+                    y = call(_aten.view.default, (call(_aten.sum.dim_IntList, (prod, [1])), [1, n]))
+                    s = call(_aten.mul.Scalar, (scale_node, 2.0**120))
+                    y = call(_aten.mul.Tensor, (y, call(_aten.view.default, (s, [1, -1]))))
+                    if product.target == _aten.addmm.default:
+                        y = call(_aten.add.Tensor, (product.args[0], y))
+                product.replace_all_uses_with(y)
+                for spec in outputs:  # the program's outputs are found by node name
+                    if getattr(spec.arg, "name", None) == product.name:
+                        spec.arg.name = y.name
+                graph.erase_node(product)
+                rows += 1
+            if not user.users:
+                graph.erase_node(user)
+        rest = [u for u in node.users if u not in decoders]
+        if rest:
+            with graph.inserting_before(next(n_ for n_ in graph.nodes if n_.op != "placeholder")):
+                f = decode()
+                s = call(_aten.mul.Scalar, (scale_node, 2.0**120))
+                s3 = call(_aten.view.default, (s, [n // PACK, 1, PACK] if per_row else [1, 1, 1]))
+                full = call(_aten.permute.default, (call(_aten.mul.Tensor, (f, s3)), [0, 2, 1]))
+                full = call(_aten.view.default, (call(_aten.clone.default, (full,), {"memory_format": torch.contiguous_format}), [n, k]))
+            for user in rest:
+                user.replace_input_with(node, full)
+        return rows
 
     @staticmethod
     def _decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale) -> None:
@@ -191,6 +269,36 @@ class Fp8WeightsPass(GraphPass):
             user.replace_input_with(node, full)
         if fake is not None:
             _propagate_fake(graph, node, scale_node, fake, bits, scale)
+
+
+PACK = 8  # output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
+
+
+def _is_transpose(node) -> bool:
+    return node.op == "call_function" and (
+        node.target == _aten.t.default or (node.target == _aten.permute.default and list(node.args[1]) == [1, 0]))
+
+
+def _one_row_input(product, weight_t, k):
+    """x of `mm(x, weight_t)` / `addmm(b, x, weight_t)` (default alpha and beta) when x is [1, K]."""
+    if product.target == _aten.mm.default and product.args[1] is weight_t:
+        x = product.args[0]
+    elif product.target == _aten.addmm.default and product.args[2] is weight_t and not product.kwargs:
+        x = product.args[1]
+    else:
+        return None
+    val = x.meta.get("val") if hasattr(x, "meta") else None
+    if val is None or tuple(val.shape) != (1, k) or isinstance(val.shape[0], torch.SymInt):
+        return None
+    return x
+
+
+def _emit_decode_bits(graph, bits_node):
+    """E4M3FN codes (int8) to value x 2^-120 in f32 with 3 integer ops (see _emit_decode)."""
+    call = graph.call_function
+    b = call(_aten._to_copy.default, (bits_node,), {"dtype": torch.int32})
+    top = call(_aten.__lshift__.Scalar, (b, 24))
+    return call(_aten.view.dtype, (call(_aten.bitwise_and.Scalar, (call(_aten.__rshift__.Scalar, (top, 4)), -0x78100000)), torch.float32))
 
 
 def _emit_decode(graph, bits_node, scale_node, flavour, compute):

@@ -73,22 +73,44 @@ def _dequantized(model: _Model, names) -> _Model:
     return ref
 
 
-@pytest.mark.parametrize("embeddings", [False, True])
-def test_pass_computes_with_the_dequantized_weights(embeddings):
+@pytest.mark.parametrize("embeddings, tokens", [(False, 5), (True, 5), (False, 1), (True, 1)])
+def test_pass_computes_with_the_dequantized_weights(embeddings, tokens):
+    """One token: every linear has a one-row input and becomes the packed reduction form on cpu; five
+    tokens: the weights are decoded and unpacked whole. Both run here in eager PyTorch."""
     torch.manual_seed(0)
     model = _Model().eval()
-    ids = torch.tensor([[3, 7, 0, 49, 7]])
+    ids = torch.tensor([[3, 7, 0, 49, 7][:tokens]])
     program = torch.export.export(model, (ids,)).run_decompositions(pipeline.base_decompositions())
     target = targets.resolve("cpu", None, "fp8")
     plan = pipeline.build(target, {"fp8_embeddings": embeddings}, only=["fp8-weights"])
     program = plan.graph[0].run(program)
     quantized = ["up.weight", "down.weight"] + (["emb.weight"] if embeddings else [])
     assert sorted(k for k, v in program.state_dict.items() if v.dtype == torch.int8) == sorted(quantized)
-    assert all(program.state_dict[f"{k}_fp8_scale"].shape == (program.state_dict[k].shape[0], 1) for k in quantized)
+    for k in quantized:
+        rows, cols = model.state_dict()[k].shape
+        assert program.state_dict[f"{k}_fp8_scale"].shape == (rows, 1)
+        bits, _ = quantize(model.state_dict()[k])
+        stored = program.state_dict[k]
+        if k == "emb.weight":  # gathered by rows: kept [rows, cols]
+            assert torch.equal(stored, bits)
+        else:  # linear weights on cpu: 8 output channels side by side per K step
+            assert stored.shape == (rows // 8, cols, 8)
+            assert torch.equal(stored[1, 5], bits[8:16, 5]) and torch.equal(stored.permute(0, 2, 1).reshape(rows, cols), bits)
+    forms = plan.stats()[0]["forms"]
+    reduced = "per-channel software, packed, 1 one-row product(s) as a reduction"
+    assert forms.get(reduced, 0) == (2 if tokens == 1 else 0), forms
     got = program.module()(ids)
     want = _dequantized(model, quantized)(ids)
     assert torch.allclose(got, want, rtol=0, atol=1e-6), (got - want).abs().max()
     assert not torch.allclose(got, model(ids), rtol=0, atol=1e-6)  # the quantization is visible
+
+
+def test_gpu_targets_keep_the_row_layout():
+    program = torch.export.export(_Model(), (torch.tensor([[1]]),)).run_decompositions(pipeline.base_decompositions())
+    plan = pipeline.build(targets.resolve("vulkan", None, "fp8"), {}, only=["fp8-weights"])
+    program = plan.graph[0].run(program)
+    assert program.state_dict["up.weight"].shape == (32, 16) and program.state_dict["down.weight"].shape == (16, 32)
+    assert set(plan.stats()[0]["forms"]) == {"per-channel software"}
 
 
 def test_excluded_weights_stay():
