@@ -288,7 +288,8 @@ def _one_row_input(product, weight_t, k):
     else:
         return None
     val = x.meta.get("val") if hasattr(x, "meta") else None
-    if val is None or tuple(val.shape) != (1, k) or isinstance(val.shape[0], torch.SymInt):
+    # A symbolic row count (prefill's sequence) is not compared: that would add a guard to the program.
+    if val is None or val.dim() != 2 or any(isinstance(d, torch.SymInt) for d in val.shape) or tuple(val.shape) != (1, k):
         return None
     return x
 
