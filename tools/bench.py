@@ -135,8 +135,11 @@ def worker(spec: dict) -> dict:
     threads = spec["threads"]
     torch.set_num_threads(threads)
     config, llama, _ = load_model(spec)
-    # nn.Module.to converts in place: one copy per eager dtype.
-    eager = {f"eager {d}": copy.deepcopy(llama).to(TORCH_DTYPE[d]) for d in spec["eager"]}
+    # nn.Module.to converts in place: a copy per eager dtype but the last, which takes the model itself
+    # (a big checkpoint then costs one copy fewer).
+    eager = {}
+    for i, d in enumerate(spec["eager"]):
+        eager[f"eager {d}"] = (llama if i == len(spec["eager"]) - 1 else copy.deepcopy(llama)).to(TORCH_DTYPE[d])
     del llama
     mods = {f"llmc {d}": llmc.load(path, threads=threads) for d, path in spec["artifacts"].items()}
     prompt, n_new, max_len = spec["prompt_ids"], spec["decode"], spec["max_len"]
@@ -232,6 +235,9 @@ def main(argv=None) -> int:
 
     spec = {"config": None if args.checkpoint else args.config, "checkpoint": str(args.checkpoint) if args.checkpoint else None}
     config, llama, name = load_model(spec)
+    streamed = streamed_parameters(llama)
+    if args.checkpoint:  # llmc.compile reads the checkpoint itself: hold one copy of a big model at a time
+        llama = None
     max_len = args.prompt + args.decode + 8
     prompt = torch.randint(0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -243,7 +249,6 @@ def main(argv=None) -> int:
                            **({"fp8_embeddings": True} if d == "fp8" else {}))
         compile_s[d] = time.perf_counter() - start
         artifacts[d] = str(art.vmfb)
-    streamed = streamed_parameters(llama)
     del llama
     runs = []
     for t in args.threads:
