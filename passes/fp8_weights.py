@@ -315,9 +315,7 @@ def _emit_decode(graph, bits_node, scale_node, flavour, compute):
     # and masked with 0x87F00000; read as f32 that is value x 2^-120, the 2^120 folded into the row's
     # scale. The shift up makes it independent of how the backend widens i8 (sign- or zero-extension:
     # a form that relied on sign extension was right on cpu and wrong on IREE's SPIR-V path).
-    b = call(_aten._to_copy.default, (bits_node,), {"dtype": torch.int32})
-    top = call(_aten.__lshift__.Scalar, (b, 24))
-    f = call(_aten.view.dtype, (call(_aten.bitwise_and.Scalar, (call(_aten.__rshift__.Scalar, (top, 4)), -0x78100000)), torch.float32))
+    f = _emit_decode_bits(graph, bits_node)
     value = call(_aten.mul.Tensor, (f, call(_aten.mul.Scalar, (scale_node, 2.0**120))))
     return value if compute == torch.float32 else call(_aten._to_copy.default, (value,), {"dtype": compute})
 

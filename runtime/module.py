@@ -236,24 +236,21 @@ class Module:
                 rt.flags.parse_flags(f"--task_topology_group_count={int(self.threads)}")
             from llmc.runtime.device import is_device_lost, open_device
 
-            try:
-                self._vm, self._config = self._load_on(open_device(self.manifest, self.device_name, self.vmfb))
-            except Exception as e:
-                if not is_device_lost(e):
-                    raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {first_line(e)}") from e
-                # Seen on lavapipe under CPU load, at queue.c:2867 of IREE 3.13's Vulkan driver: its
-                # queue wakeup takes the next timeline value with an atomic add and host-signals it
-                # unlocked, so two threads can signal out of order, and Mesa's timeline emulation
-                # marks the device lost on a value that does not increase (docs/targets.md). A lost
-                # device stays lost and IREE caches one per name: load once more on a new device.
-                log.warning("%s: the Vulkan device was lost while loading (%s); retrying once on a new device",
-                            self.vmfb, first_line(e))
+            for fresh in (False, True):
+                config = open_device(self.manifest, self.device_name, self.vmfb, fresh=fresh)
                 try:
-                    self._vm, self._config = self._load_on(open_device(self.manifest, self.device_name, self.vmfb, fresh=True))
-                except RuntimeLoadError:
-                    raise
-                except Exception as e2:
-                    raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {first_line(e2)}") from e2
+                    self._vm, self._config = self._load_on(config)
+                    break
+                except Exception as e:
+                    if fresh or not is_device_lost(e):
+                        raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {first_line(e)}") from e
+                    # Seen on lavapipe under CPU load, at queue.c:2867 of IREE 3.13's Vulkan driver: its
+                    # queue wakeup takes the next timeline value with an atomic add and host-signals it
+                    # unlocked, so two threads can signal out of order, and Mesa's timeline emulation
+                    # marks the device lost on a value that does not increase (docs/targets.md). A lost
+                    # device stays lost and IREE caches one per name: load once more on a new device.
+                    log.warning("%s: the Vulkan device was lost while loading (%s); retrying once on a new device",
+                                self.vmfb, first_line(e))
         return self._vm
 
     def _load_on(self, config):
