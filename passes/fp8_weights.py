@@ -11,8 +11,9 @@ Produces: per output channel (row) s = amax|w_row| / 448 (or one s per tensor wi
               w' = decode(q) * s     in the program's compute dtype (f32 on cpu, f16 on GPUs)
           On cpu (software decode) a linear weight [N, K] with N % 8 == 0 is stored packed,
           P[N/8, K, 8] (P[b, k, j] = q[8b + j, k]), and `x @ w.T` with one row of x becomes
-              (x[:, :, None] * decode(P)).sum(1).view(1, N) * s.T   (+ bias for addmm)
-          which IREE compiles to a transpose-free vectorized reduction (docs/targets.md); every other
+              (x.view(1, K/4, 4, 1) * decode(P).view(N/8, K/4, 4, 8)).sum(1).sum(1).view(1, N) * s.T
+          (+ bias for addmm; K % 4 != 0 keeps one partial sum per channel), which IREE compiles to a
+          transpose-free vectorized reduction with 4 independent accumulators (docs/targets.md); every other
           use reads decode(P) * s unpacked to [N, K]. Same values: only the summation order of the
           f32 dot product differs from the matmul's.
           decode is chosen from the arch's capabilities (compiler/targets.py `fp8`):
@@ -200,7 +201,10 @@ class Fp8WeightsPass(GraphPass):
         """Uses of a packed weight. `x @ w.T` with one row of x (a decode step's linear) becomes
         (x[:, None] * decode(P)).sum over K, times the row scales after the sum: IREE vectorizes that
         reduction along the 8 contiguous output channels of each K step, with no transpose (the
-        [N, K] form costs an 8x8 shuffle per 64 weights). Every other use reads the whole weight,
+        [N, K] form costs an 8x8 shuffle per 64 weights). K is split (K/4, 4) and the 4 partial sums
+        of each channel added last: with one sum per channel every K step's multiply-add waited for
+        the previous one (a latency-bound chain, 1.3x f32 on a 4096x4096 matvec); 4 independent
+        chains ran 3.2x f32 (docs/targets.md). Every other use reads the whole weight,
         decoded and unpacked to [N, K] ahead of the first op. Returns the number of one-row products."""
         call = graph.call_function
         n, k = shape
@@ -221,8 +225,11 @@ class Fp8WeightsPass(GraphPass):
                 if x is None:
                     continue
                 with graph.inserting_before(product):
-                    prod = call(_aten.mul.Tensor, (call(_aten.view.default, (x, [1, k, 1])), decode()))
-                    y = call(_aten.view.default, (call(_aten.sum.dim_IntList, (prod, [1])), [1, n]))
+                    lanes = KSPLIT if k % KSPLIT == 0 else 1
+                    w = call(_aten.view.default, (decode(), [n // PACK, k // lanes, lanes, PACK]))
+                    prod = call(_aten.mul.Tensor, (call(_aten.view.default, (x, [1, k // lanes, lanes, 1])), w))
+                    y = call(_aten.sum.dim_IntList, (call(_aten.sum.dim_IntList, (prod, [1])), [1]))
+                    y = call(_aten.view.default, (y, [1, n]))
                     s = call(_aten.mul.Scalar, (scale_node, 2.0**120))
                     y = call(_aten.mul.Tensor, (y, call(_aten.view.default, (s, [1, -1]))))
                     if product.target == _aten.addmm.default:
@@ -272,6 +279,7 @@ class Fp8WeightsPass(GraphPass):
 
 
 PACK = 8  # output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
+KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
 
 
 def _is_transpose(node) -> bool:

@@ -10,7 +10,8 @@
 # arithmetically into an f32's places and masked; times 2^120 folded into the scale) and the
 # matmul runs in f32. On cpu the codes are stored packed, [N/8, K, 8]: with two input rows the
 # decoded weight is unpacked to [N, K] for the matmul; with one row (a decode step) the product is
-# an elementwise multiply and a sum over K of the packed weight, scaled per output after the sum.
+# an elementwise multiply and a sum over K of the packed weight (K split (K/4, 4): four partial
+# sums per output, added last), scaled per output after the sum.
 # gfx942 decodes natively from E4M3FNUZ, gfx950 from E4M3FN, in f16, in the [N, K] layout.
 import sys
 
@@ -44,13 +45,16 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 
 # ROW-LABEL:   func.func @main(%arg0: !torch.vtensor<[1,16],f32>)
 # ROW-NOT:     torch.aten.mm
-# ROW:         torch.aten.view %arg0, {{.*}} -> !torch.vtensor<[1,16,1],f32>
 # ROW:         call @__llmc_bitcast_4x16x8_i32_f32
-# ROW:         torch.aten.mul.Tensor {{.*}} : !torch.vtensor<[1,16,1],f32>, !torch.vtensor<[4,16,8],f32> -> !torch.vtensor<[4,16,8],f32>
-# ROW:         torch.aten.sum.dim_IntList {{.*}} : !torch.vtensor<[4,16,8],f32>, {{.*}} -> !torch.vtensor<[4,8],f32>
+# ROW:         torch.aten.view {{.*}} -> !torch.vtensor<[4,4,4,8],f32>
+# ROW:         torch.aten.view %arg0, {{.*}} -> !torch.vtensor<[1,4,4,1],f32>
+# ROW:         torch.aten.mul.Tensor {{.*}} : !torch.vtensor<[1,4,4,1],f32>, !torch.vtensor<[4,4,4,8],f32> -> !torch.vtensor<[4,4,4,8],f32>
+# ROW:         torch.aten.sum.dim_IntList {{.*}} : !torch.vtensor<[4,4,4,8],f32>, {{.*}} -> !torch.vtensor<[4,4,8],f32>
+# ROW:         torch.aten.sum.dim_IntList {{.*}} : !torch.vtensor<[4,4,8],f32>, {{.*}} -> !torch.vtensor<[4,8],f32>
 # ROW:         torch.aten.view {{.*}} -> !torch.vtensor<[1,32],f32>
 # ROW:         torch.aten.mul.Tensor {{.*}} : !torch.vtensor<[1,32],f32>, !torch.vtensor<[1,32],f32> -> !torch.vtensor<[1,32],f32>
-# ROW:         torch.aten.sum.dim_IntList {{.*}} : !torch.vtensor<[1,32,8],f32>, {{.*}} -> !torch.vtensor<[1,8],f32>
+# ROW:         torch.aten.sum.dim_IntList {{.*}} : !torch.vtensor<[1,8,4,8],f32>, {{.*}} -> !torch.vtensor<[1,4,8],f32>
+# ROW:         torch.aten.sum.dim_IntList {{.*}} : !torch.vtensor<[1,4,8],f32>, {{.*}} -> !torch.vtensor<[1,8],f32>
 # ROW-NOT:     torch.aten.mm
 # ROW:         return
 

@@ -105,6 +105,25 @@ def test_pass_computes_with_the_dequantized_weights(embeddings, tokens):
     assert not torch.allclose(got, model(ids), rtol=0, atol=1e-6)  # the quantization is visible
 
 
+@pytest.mark.parametrize("k", [16, 6])
+def test_one_row_product_splits_k_in_four_partial_sums_when_it_can(k):
+    """K % 4 == 0: the reduction runs over K/4 with 4 partial sums per output channel, added last;
+    otherwise one sum over K. Both equal the product with the dequantized weight."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(k, 16).eval()
+    x = torch.randn(1, k)
+    program = torch.export.export(lin, (x,)).run_decompositions(pipeline.base_decompositions())
+    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {}, only=["fp8-weights"])
+    program = plan.graph[0].run(program)
+    sums = [n for n in program.graph.nodes if n.target == torch.ops.aten.sum.dim_IntList]
+    shapes = [tuple(n.args[0].meta["val"].shape) for n in sums]
+    assert shapes == ([(2, 4, 4, 8), (2, 4, 8)] if k == 16 else [(2, 6, 1, 8), (2, 1, 8)]), shapes
+    bits, scale = quantize(lin.weight)
+    want = x @ (decode_sw(bits) * scale).T + lin.bias
+    got = program.module()(x)
+    assert torch.allclose(got, want, rtol=0, atol=1e-5), (got - want).abs().max()
+
+
 def test_gpu_targets_keep_the_row_layout():
     program = torch.export.export(_Model(), (torch.tensor([[1]]),)).run_decompositions(pipeline.base_decompositions())
     plan = pipeline.build(targets.resolve("vulkan", None, "fp8"), {}, only=["fp8-weights"])
