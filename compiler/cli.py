@@ -39,7 +39,7 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
     from llmc.compiler.targets import DTYPES, TARGETS
 
     p.add_argument("--target", default="cpu", help=f"target: {', '.join(TARGETS)} (default cpu)")
-    p.add_argument("--arch", default=None, help="target architecture (cpu: an LLVM CPU name or 'host', the default)")
+    p.add_argument("--arch", default=None, help="target architecture (cpu: an LLVM CPU name or 'host', the default; several best first, e.g. x86-64-v4,x86-64-v3, or 'portable': one module that runs each CPU's best code)")
     p.add_argument("--dtype", default="f32", help=f"weight and compute dtype: {', '.join(DTYPES)} (default f32)")
 
 
@@ -279,13 +279,22 @@ def cmd_info(args) -> int:
         raise UsageError(str(e)) from e
     t = m["target"]
     print(f"module:   {vmfb}")
-    print(f"target:   {t['name']} ({t['backend']}, arch {t['arch']}{' = ' + t['cpu'] if t.get('cpu') else ''}), dtype {m['dtype']}")
+    print(f"target:   {t['name']} ({t['backend']}, arch {t['arch']}{' = ' + t['cpu'] if t.get('cpu') and not t.get('cpu_variants') else ''}), dtype {m['dtype']}")
     print(f"built by: llmc {m['versions']['llmc']}, torch {m['versions']['torch']}, iree {m['versions']['iree-base-compiler']}")
     if m.get("params"):
         p = m["params"]
         print(f"params:   {p['file']} ({p['count']} tensors, {p['bytes'] / 1e6:.1f} MB, scope '{p['scope']}')")
     if t.get("cpu_features"):
         print(f"cpu:      {t.get('cpu') or t['arch']}: {' '.join(t['cpu_features'])}")
+    if t.get("cpu_variants"):
+        from llmc.runtime.module import chosen_variant, host_cpu_flags, host_has
+
+        have = host_cpu_flags()
+        variants = [(v["cpu"], tuple(v["requires"])) for v in t["cpu_variants"]]
+        base = set(t.get("cpu_features", ()))  # the fallback's: every machine that loads it has them
+        text = ", ".join(f"{cpu} (if {'+'.join(f for f in req if f not in base)})" if req else f"{cpu} (otherwise)" for cpu, req in variants)
+        here = chosen_variant(variants, lambda f: host_has(have, f)) if have is not None else None
+        print(f"variants: {text}; this CPU runs {here or 'unknown (no /proc/cpuinfo)'}")
     print(f"code:     {code.summary()}")
     for name, ep in m["entry_points"].items():
         print(f"entry:    {name}({', '.join(_grouped(_arg_text(e) for e in ep['inputs']))})")

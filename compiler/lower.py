@@ -25,12 +25,13 @@ import logging
 import os
 import platform
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 
 from llmc import dtypes
-from llmc.compiler import artifacts, export, importer, iree, pipeline, targets
+from llmc.compiler import artifacts, cpu_variants, export, importer, iree, pipeline, targets
 from llmc.compiler.artifacts import Artifact
 from llmc.compiler.progress import Phases
 from llmc.errors import UsageError
@@ -209,6 +210,7 @@ def write_artifact(
     partial_vmfb = out_vmfb.with_name(f".{name}.partial.vmfb")
     tmp_irpa = artifacts.temp_path(out_irpa) if has_params and params_from is None else None
     manifest_tmp = None
+    probe_dir = None
     extras: list[tuple[Path | None, Path]] = []  # (source or None, final path)
     extra_tmps: dict[Path, Path] = {}  # final path -> its temp copy
     for src, suffix in extra_files:
@@ -227,6 +229,10 @@ def write_artifact(
                 irpa_sha = artifacts.sha256_file(tmp_irpa, counter=hashed)
         else:
             irpa_sha = None
+        configure = None
+        if len(target.cpus) > 1:
+            conditions = targets.cpu_variant_conditions(target.cpus)
+            configure = lambda text: cpu_variants.condition_variants(text, conditions)  # noqa: E731
         with phases.phase("iree-compile"):
             run = iree.compile_mlir(
                 lowered.mlir,
@@ -234,13 +240,23 @@ def write_artifact(
                 list(target.iree_flags),
                 repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent,
                 target_name=target.name,
+                configure=configure,
             )
+            if configure is not None:  # the probe the runtime loads first (compiler/cpu_variants.py)
+                probe_dir = Path(tempfile.mkdtemp(prefix="llmc-probe-"))
+                probe = probe_dir / "probe.vmfb"
+                fallback = targets.resolve("cpu", target.cpus[-1], "f32")
+                iree.compile_mlir(cpu_variants.PROBE_MLIR, probe, list(fallback.iree_flags),
+                                  repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent, target_name=target.name)
+                extras.append((probe, out_vmfb.with_name(name + cpu_variants.PROBE_SUFFIX)))
+            else:
+                extras.append((None, out_vmfb.with_name(name + cpu_variants.PROBE_SUFFIX)))
         with phases.phase("write manifest"):
             for src, dest in extras:
                 if src is not None:
                     extra_tmps[dest] = artifacts.temp_path(dest)
                     shutil.copyfile(src, extra_tmps[dest])
-            manifest = _manifest(lowered, source, run, irpa_sha, out_irpa if has_params else None, phases)
+            manifest = _manifest(lowered, source, run, irpa_sha, out_irpa if has_params else None, phases, name)
             manifest.update(extra_manifest or {})
             manifest_tmp = artifacts.temp_path(out_json)
             manifest_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -264,6 +280,8 @@ def write_artifact(
         for p in (tmp_irpa, partial_vmfb, manifest_tmp, *extra_tmps.values()):
             if p is not None and Path(p).exists():
                 Path(p).unlink()
+        if probe_dir is not None:
+            shutil.rmtree(probe_dir, ignore_errors=True)
     log.info("compiled %s in %s", out_vmfb, ", ".join(f"{k} {v:.1f}s" for k, v in phases.timings.items()))
     return Artifact(out_vmfb, out_irpa if has_params else None, out_json)
 
@@ -296,7 +314,7 @@ def _versions() -> dict:
     return out
 
 
-def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irpa: Path | None, phases: Phases) -> dict:
+def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irpa: Path | None, phases: Phases, out_vmfb_name: str) -> dict:
     target, store, signatures = lowered.target, lowered.store, lowered.signatures
     caps = target.caps
     wide = ("float64", "complex128")
@@ -315,8 +333,14 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
     }
     if caps.backend == "llvm-cpu":
         t["machine"] = platform.machine()
-        t["cpu"], features = targets.llvm_cpu_features(target.arch)
+        # What a machine needs to run the module: the (last, fallback) CPU's features.
+        t["cpu"], features = targets.llvm_cpu_features(target.cpus[-1])
         t["cpu_features"] = list(features)
+        if len(target.cpus) > 1:
+            t["cpu_variants"] = [
+                {"cpu": cpu, "requires": list(req)} for cpu, req in targets.cpu_variant_conditions(target.cpus)
+            ]
+            t["cpu_probe"] = out_vmfb_name + cpu_variants.PROBE_SUFFIX
     else:
         a = target.arch_caps
         t["iree_target"] = a.iree_name or "written into the module (hal.device.targets)"

@@ -23,6 +23,10 @@ IREE 3.13 (docs/targets.md):
   for another subgroup size runs silently wrong: the manifest records the sizes and the runtime
   refuses a device without one of them.
 - An unknown target or arch is rejected here, before IREE sees it (IREE segfaults on some).
+- cpu with several CPUs (`--arch x86-64-v4,x86-64-v3` or the preset `portable`): one module whose
+  executables carry a variant per CPU, best first, each but the last guarded by the CPU features it
+  was compiled for (`cpu_variant_conditions`; compiler/iree.py inserts the conditions between
+  iree-compile's two halves; runtime/module.py warms IREE's CPU data before loading).
 """
 
 from __future__ import annotations
@@ -50,6 +54,36 @@ X86_CPUS = frozenset(
     athlon64-sse3 opteron-sse3 amdfam10 barcelona btver1 btver2 bdver1 bdver2 bdver3 bdver4 znver1
     znver2 znver3 znver4 znver5 znver6 x86-64 x86-64-v2 x86-64-v3 x86-64-v4""".split()
 )
+
+# `--arch portable`: one module for every x86-64 CPU with AVX2 (2013 on), AVX-512 code where the
+# running CPU has it. Best first: the runtime takes the first variant whose features the CPU has.
+CPU_PRESETS = {"portable": ("x86-64-v4", "x86-64-v3")}
+
+# CPU features IREE's runtime can be asked about on x86-64 (`hal.device.query key("hal.cpu" :: NAME)`,
+# runtime/src/iree/schemas/cpu_feature_bits.inl in IREE 3.13); others always read false.
+IREE_X86_QUERY_KEYS = frozenset(
+    """sse3 ssse3 sse4.1 sse4.2 sse4a avx fma fma4 xop f16c avx2 avx512f avx512cd avx512vl avx512dq
+    avx512bw avx512ifma avx512vbmi avx512vpopcntdq avx512vnni avx512vbmi2 avx512bitalg avx512bf16
+    avx512fp16 amx-tile amx-int8 amx-bf16""".split()
+)
+
+
+def cpu_variants(arch: str) -> tuple[str, ...]:
+    """The CPUs an llvm-cpu `--arch` names, best first: one, a comma-separated list, or a preset."""
+    if arch in CPU_PRESETS:
+        return CPU_PRESETS[arch]
+    return tuple(a.strip() for a in arch.split(","))
+
+
+def cpu_variant_conditions(cpus: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
+    """(cpu, features the running CPU must have for its variant) per CPU, best first. Every variant
+    but the last is guarded by each IREE-queryable feature it was compiled with; the last is the
+    fallback, unguarded (the runtime refuses a CPU that lacks its features before loading)."""
+    out = []
+    for i, cpu in enumerate(cpus):
+        last = i == len(cpus) - 1
+        out.append((cpu, () if last else tuple(f for f in llvm_cpu_features(cpu)[1] if f in IREE_X86_QUERY_KEYS)))
+    return out
 
 
 FP8_FLAVOURS = ("none", "e4m3fn", "e4m3fnuz")
@@ -334,10 +368,17 @@ class ResolvedTarget:
         return (*_flags(self.caps, self.arch, self.dtype, self.compute_dtype, self.dynamic), *self.extra_flags)
 
     @property
+    def cpus(self) -> tuple[str, ...]:
+        """llvm-cpu: the CPUs the module carries code for, best first (one unless --arch lists several)."""
+        return cpu_variants(self.arch) if self.caps.backend == "llvm-cpu" else ()
+
+    @property
     def module_target(self) -> str | None:
         """The `hal.device.targets` attribute llmc writes into the module for an arch IREE's table
-        lacks (Intel, sm_90); None where the flags name the target."""
-        return _module_target(self.caps.name, self.arch) if self.caps.backend != "llvm-cpu" and not self.arch_caps.iree_name else None
+        lacks (Intel, sm_90) or for several CPUs; None where the flags name the target."""
+        if self.caps.backend == "llvm-cpu":
+            return _cpu_module_target(self.cpus) if len(self.cpus) > 1 else None
+        return _module_target(self.caps.name, self.arch) if not self.arch_caps.iree_name else None
 
     def for_shapes(self, dynamic: bool) -> "ResolvedTarget":
         return dataclasses.replace(self, dynamic=dynamic)
@@ -382,11 +423,19 @@ def resolve(
             known = ", ".join(f"{n} ({'/'.join(a.aliases)})" if a.aliases else n for n, a in caps.archs.items())
             raise UnsupportedTargetError(f"--arch={arch!r} is not an arch of --target={target}; known: {known}")
         arch = named
-    elif arch != "host" and arch not in X86_CPUS:
-        raise UnsupportedTargetError(
-            f"--arch={arch!r} is not a CPU that IREE's LLVM knows for x86-64; use --arch=host or an "
-            "LLVM CPU name such as cascadelake, icelake-server, znver4, x86-64-v3"
-        )
+    else:
+        cpus = cpu_variants(arch)
+        for cpu in cpus:
+            if cpu == "host" and len(cpus) == 1:
+                continue
+            if cpu not in X86_CPUS:
+                raise UnsupportedTargetError(
+                    f"--arch={arch!r}: {cpu!r} is not a CPU that IREE's LLVM knows for x86-64; use --arch=host, an "
+                    "LLVM CPU name such as cascadelake, icelake-server, znver4, x86-64-v3, several of them "
+                    f"best first (x86-64-v4,x86-64-v3) or a preset ({', '.join(CPU_PRESETS)})"
+                )
+        if len(set(cpus)) != len(cpus):
+            raise UnsupportedTargetError(f"--arch={arch!r} names a CPU twice; list each CPU once, best first")
     bad = [f for f in extra_flags if not f.startswith("--")]
     if bad:
         raise UnsupportedTargetError(
@@ -428,13 +477,15 @@ def _target_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic
 
 
 def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:
-    flags = [
+    # Several CPUs: the module carries its device target (ResolvedTarget.module_target), one
+    # executable target per CPU, and iree-compile is given none.
+    flags = [] if len(cpu_variants(arch)) > 1 else [
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
         f"--iree-llvmcpu-target-cpu={arch}",
-        # f64 is kept, never silently demoted to f32 (README.md: call semantics).
-        "--iree-input-demote-f64-to-f32=false",
     ]
+    # f64 is kept, never silently demoted to f32 (README.md: call semantics).
+    flags.append("--iree-input-demote-f64-to-f32=false")
     # Not for fp8 weights either: with data tiling the decode fused into the matmul materializes a
     # whole K panel of f32 on the stack ("exceeded stack allocation limit of 32768 bytes" already at
     # K = 1024); without it the decode fuses into a plain vectorized matmul.
@@ -447,7 +498,12 @@ def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: b
         # Not for bf16/f16 compute: on a CPU without avx512_bf16 a data-tiled bf16 matmul ran
         # at 1.4 GFLOP/s vs 55 in f32 (125M Llama prefill 7.0 s with data tiling, 0.106 s
         # without; tools/bench_compile_size.py --dtype bf16).
-        flags.append("--iree-global-opt-data-tiling=true" if dynamic else "--iree-opt-data-tiling=true")
+        # Several CPUs take the global-opt route too: the default one packs each weight once, in the
+        # first CPU's tile layout, and every other CPU's matmul then repacks it inside its dispatch
+        # ("One or more operations with large vector sizes (16384 bytes) were found", x86-64-v4 +
+        # x86-64-v3); the global-opt route compiles and runs both.
+        multi = len(cpu_variants(arch)) > 1
+        flags.append("--iree-global-opt-data-tiling=true" if dynamic or multi else "--iree-opt-data-tiling=true")
     if dtype in ("bf16", "f16", "fp8"):
         # Weights stored narrower than they are computed: without this IREE writes a widened copy of
         # every weight on every call instead of fusing the conversion (fp8's decode) into the matmul.
@@ -476,6 +532,20 @@ def _module_target(target: str, arch: str) -> str:
         device = _iree_device_target(("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_89"))
         return "[" + device.replace('arch = "sm_89"', 'arch = "sm_90"') + " : !hal.device]"
     raise UnsupportedTargetError(f"--target={target} --arch={arch}: no module target defined")  # pragma: no cover
+
+
+def _cpu_module_target(cpus: tuple[str, ...]) -> str:
+    """One local device with an llvm-cpu executable target per CPU, in order (best first): the
+    targets iree-compile builds for each CPU alone, side by side."""
+    execs = []
+    for cpu in cpus:
+        device = _iree_device_target(("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
+                                      f"--iree-llvmcpu-target-cpu={cpu}"))
+        m = re.fullmatch(r'#hal\.device\.target<"local", \[(#hal\.executable\.target<.*>)\]>', device)
+        if not m:
+            raise UnsupportedTargetError(f"--arch={cpu}: iree-compile reported an unexpected device target: {device[:200]}")
+        execs.append(m.group(1))
+    return '[#hal.device.target<"local", [' + ", ".join(execs) + "]> : !hal.device]"
 
 
 @functools.lru_cache(maxsize=None)

@@ -75,7 +75,9 @@ class ModuleInfo:
 
 
 def _executable(name: str, data: bytes) -> Executable | None:
-    fmt = next((f for suffix, f in _FORMATS.items() if name.endswith(suffix)), None)
+    # A module with several variants of a format (one per CPU: --arch portable) numbers them: `_0.so`, `_1.so`.
+    base = re.sub(r"_[0-9]+(\.[a-z]+)$", r"\1", name)
+    fmt = next((f for suffix, f in _FORMATS.items() if name.endswith(suffix) or base.endswith(suffix)), None)
     if fmt is None:
         return None
     arch, valid = None, False

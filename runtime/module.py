@@ -26,11 +26,13 @@ from llmc import dtypes
 from llmc.runtime.device import first_line
 
 log = logging.getLogger("llmc.runtime")
+_CPU_DATA_READY = False  # IREE's process-wide CPU data is filled in (Module._warm_cpu_data)
 
 PARAM_SCOPE = "model"
 
 # LLVM feature names (as recorded in the manifest) -> /proc/cpuinfo flag names, where they differ.
 _CPUINFO_NAME = {
+    "sse3": "pni",  # "prescott new instructions"
     "sse4.1": "sse4_1",
     "sse4.2": "sse4_2",
     "avx512vnni": "avx512_vnni",
@@ -61,6 +63,21 @@ def host_cpu_flags() -> set[str] | None:
                     return set(line.split(":", 1)[1].split())
     except OSError:
         return None
+    return None
+
+
+def host_has(have: set[str] | None, feature: str) -> bool:
+    """Whether /proc/cpuinfo's flags `have` include an LLVM-named feature."""
+    return have is not None and _CPUINFO_NAME.get(feature, feature) in have
+
+
+def chosen_variant(variants, has) -> str | None:
+    """The CPU whose code IREE runs, of a module built for several ((cpu, required features) best
+    first, the manifest's `cpu_variants`), on a machine where `has(feature)` tells what it has: the
+    first whose features it all has (the last requires none). None if there are no variants."""
+    for cpu, features in variants:
+        if all(has(f) for f in features):
+            return cpu
     return None
 
 
@@ -221,6 +238,13 @@ class Module:
             raise RuntimeLoadError(
                 f"{self.vmfb}: compiled for {target['machine']}, this machine is {platform.machine()}; recompile here"
             )
+        if target.get("cpu_variants"):
+            probe = self.vmfb.with_name(target.get("cpu_probe") or self.vmfb.stem + ".cpu-probe.vmfb")
+            if not target.get("cpu_probe") or not probe.is_file():
+                raise RuntimeLoadError(
+                    f"{probe}: the CPU probe of a module built for several CPUs is missing; keep it beside "
+                    f"{self.vmfb.name} (it picks the CPU's variant) or recompile"
+                )
         missing = missing_cpu_features(target.get("cpu_features", []), host_cpu_flags())
         if missing:
             raise RuntimeLoadError(
@@ -238,6 +262,7 @@ class Module:
 
             for fresh in (False, True):
                 config = open_device(self.manifest, self.device_name, self.vmfb, fresh=fresh)
+                self._warm_cpu_data(config)
                 try:
                     self._vm, self._config = self._load_on(config)
                     break
@@ -252,6 +277,39 @@ class Module:
                     log.warning("%s: the Vulkan device was lost while loading (%s); retrying once on a new device",
                                 self.vmfb, first_line(e))
         return self._vm
+
+    @property
+    def cpu_variant(self) -> str | None:
+        """The CPU whose code runs here, for a module built for several (--arch portable); else None."""
+        variants = self.manifest.get("target", {}).get("cpu_variants")
+        if not variants:
+            return None
+        have = host_cpu_flags()
+        return chosen_variant([(v["cpu"], v["requires"]) for v in variants], lambda f: host_has(have, f))
+
+    def _warm_cpu_data(self, config) -> None:
+        """Before a module with CPU variants is loaded: load its probe, so that IREE's CPU data is
+        filled in before the module's variant conditions read it (compiler/cpu_variants.py). Once
+        per process; without it every condition reads false and the slowest variant runs."""
+        global _CPU_DATA_READY
+        target = self.manifest.get("target", {})
+        if _CPU_DATA_READY or not target.get("cpu_variants"):
+            return
+        import iree.runtime as rt
+
+        probe = self.vmfb.with_name(target["cpu_probe"])
+        try:
+            ctx = rt.load_vm_modules(rt.create_hal_module(config.vm_instance, config.device),
+                                     rt.VmModule.mmap(config.vm_instance, str(probe)), config=config)
+            ones = np.ones(16, np.float32)
+            ok = np.array_equal(np.asarray(ctx[-1].probe(ones, ones).to_host()), ones * 2)
+        except Exception as e:
+            raise RuntimeLoadError(f"{probe}: IREE could not run the CPU probe: {first_line(e)}") from e
+        if not ok:
+            raise RuntimeLoadError(f"{probe}: the CPU probe computed a wrong sum; the module's CPU variants can't be trusted here")
+        _CPU_DATA_READY = True
+        log.info("%s: CPU variants %s; this CPU runs %s", self.vmfb.name,
+                 ", ".join(v["cpu"] for v in target["cpu_variants"]), self.cpu_variant)
 
     def _load_on(self, config):
         """(the module's VM handle, config) with its parameters and the HAL on config's device."""

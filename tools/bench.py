@@ -50,6 +50,8 @@ def parse(argv=None) -> argparse.Namespace:
     src.add_argument("--checkpoint", type=Path, help="a Llama checkpoint (Meta .pth + params.json, or an HF folder)")
     ap.add_argument("--dtypes", default="f32,bf16,fp8", help="llmc artifacts to build, comma-separated")
     ap.add_argument("--eager", default="f32,bf16", help="eager PyTorch references, comma-separated (f32, bf16; '' for none)")
+    ap.add_argument("--arch", action="append", default=None,
+                    help="cpu --arch of the llmc artifacts (repeat to compare, e.g. --arch portable --arch x86-64-v3; default host)")
     ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--decode", type=int, default=32)
@@ -142,6 +144,9 @@ def worker(spec: dict) -> dict:
         eager[f"eager {d}"] = (llama if i == len(spec["eager"]) - 1 else copy.deepcopy(llama)).to(TORCH_DTYPE[d])
     del llama
     mods = {f"llmc {d}": llmc.load(path, threads=threads) for d, path in spec["artifacts"].items()}
+    for name, mod in mods.items():
+        if mod.cpu_variant:
+            print(f"  {name}: this CPU runs the {mod.cpu_variant} variant", file=sys.stderr, flush=True)
     prompt, n_new, max_len = spec["prompt_ids"], spec["decode"], spec["max_len"]
     bw = bandwidth_gb_s()
     samples = {name: {"prefill": [], "decode": []} for name in [*mods, *eager]}
@@ -171,7 +176,7 @@ def summarize(result: dict, streamed: int) -> list[dict]:
             for ref in ("eager f32", "eager bf16"):
                 if ref in med and name != ref:
                     row[f"vs {ref}"] = m[phase] / med[ref][phase]
-            dtype = name.split()[-1]
+            dtype = name.split()[1]  # "llmc fp8", "llmc fp8 [portable]", "eager bf16"
             if phase == "decode":
                 roofline = result["bandwidth_gb_s"] * 1e9 / (streamed * BYTES_PER_WEIGHT[dtype])
                 row["roofline_tok_s"] = roofline
@@ -242,13 +247,17 @@ def main(argv=None) -> int:
     prompt = torch.randint(0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
     args.out.mkdir(parents=True, exist_ok=True)
     artifacts, compile_s = {}, {}
+    archs = args.arch or ["host"]
     for d in args.dtypes:
-        print(f"bench: compiling {name} for cpu, --dtype {d} ...", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        art = llmc.compile(args.checkpoint or llama, dtype=d, output=args.out / f"{d}.vmfb", max_seq_len=max_len,
-                           **({"fp8_embeddings": True} if d == "fp8" else {}))
-        compile_s[d] = time.perf_counter() - start
-        artifacts[d] = str(art.vmfb)
+        for arch in archs:
+            key = d if len(archs) == 1 else f"{d} [{arch}]"
+            print(f"bench: compiling {name} for cpu, --dtype {d} --arch {arch} ...", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
+            art = llmc.compile(args.checkpoint or llama, dtype=d, arch=arch, output=args.out / f"{stem}.vmfb", max_seq_len=max_len,
+                               **({"fp8_embeddings": True} if d == "fp8" else {}))
+            compile_s[key] = time.perf_counter() - start
+            artifacts[key] = str(art.vmfb)
     del llama
     runs = []
     for t in args.threads:

@@ -1,0 +1,151 @@
+"""One module for several CPUs (`--arch x86-64-v4,x86-64-v3`, `--arch portable`).
+
+Each executable carries a variant per CPU, best first, every one but the last guarded by the CPU
+features it was compiled for (compiler/cpu_variants.py); the runtime fills IREE's CPU data with the
+artifact's probe before loading, so the guards read the real CPU.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import llmc
+from llmc.compiler import cpu_variants, targets, vmfb
+from llmc.errors import RuntimeLoadError, UnsupportedTargetError
+from llmc.runtime import module as rt_module
+
+HAVE = rt_module.host_cpu_flags() or set()
+AVX512 = "avx512f" in HAVE
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
+
+
+def test_arch_lists_and_presets_resolve_to_cpus_best_first():
+    assert targets.resolve("cpu", "portable", "f32").cpus == ("x86-64-v4", "x86-64-v3")
+    t = targets.resolve("cpu", "cascadelake,x86-64-v3", "f32")
+    assert t.cpus == ("cascadelake", "x86-64-v3")
+    # No target flags: the module carries one local device with both executable targets, in order.
+    assert not any(f.startswith(("--iree-llvmcpu-target-cpu", "--iree-hal-target-device")) for f in t.iree_flags)
+    assert "--iree-global-opt-data-tiling=true" in t.iree_flags
+    mt = t.module_target
+    assert mt.count('#hal.executable.target<"llvm-cpu"') == 2
+    assert mt.index('cpu = "cascadelake"') < mt.index('cpu = "x86-64-v3"')
+    assert targets.resolve("cpu", "x86-64-v3", "f32").module_target is None  # one CPU: the flags name it
+
+
+@pytest.mark.parametrize("arch, words", [
+    ("x86-64-v4,skylake-avx513", "'skylake-avx513' is not a CPU"),
+    ("x86-64-v3,x86-64-v3", "names a CPU twice"),
+    ("host,x86-64-v3", "'host' is not a CPU"),
+])
+def test_bad_arch_lists_are_refused(arch, words):
+    with pytest.raises(UnsupportedTargetError, match=words):
+        targets.resolve("cpu", arch, "f32")
+
+
+def test_conditions_guard_every_variant_but_the_fallback():
+    conds = targets.cpu_variant_conditions(("x86-64-v4", "x86-64-v3"))
+    assert [c for c, _ in conds] == ["x86-64-v4", "x86-64-v3"]
+    v4 = set(conds[0][1])
+    assert {"avx512f", "avx512bw", "avx512vl", "avx2", "fma"} <= v4 and v4 <= targets.IREE_X86_QUERY_KEYS
+    assert conds[1][1] == ()
+    assert rt_module.chosen_variant(conds, lambda f: f != "avx512bw") == "x86-64-v3"
+    assert rt_module.chosen_variant(conds, lambda f: True) == "x86-64-v4"
+
+
+def test_condition_text_is_inserted_into_each_guarded_variant():
+    head = '    hal.executable.variant public @{n} target(<"llvm-cpu", "embedded-elf-x86_64", {{cpu = "{cpu}", x = 1}}>) {{\n'
+    text = "".join(head.format(n=n, cpu=cpu) + "      body\n    }\n" for n, cpu in (("a", "x86-64-v4"), ("b", "x86-64-v3")))
+    out = cpu_variants.condition_variants(text, [("x86-64-v4", ("avx2", "avx512f")), ("x86-64-v3", ())])
+    lines = out.splitlines()
+    i = lines.index(head.format(n="a", cpu="x86-64-v4").rstrip("\n"))
+    assert lines[i + 1].strip() == "hal.executable.condition(%device: !hal.device) -> i1 {"
+    assert 'key("hal.cpu" :: "avx2")' in lines[i + 2] and 'key("hal.cpu" :: "avx512f")' in lines[i + 3]
+    assert lines[i + 4].strip() == "%all1 = arith.andi %v0, %v1 : i1" and lines[i + 5].strip() == "hal.return %all1 : i1"
+    assert out.count("hal.executable.condition") == 1  # the fallback is unguarded
+    # The printer's alias form names the target once at the top.
+    aliased = '#exe = #hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {cpu = "x86-64-v4"}>\n' + \
+        "    hal.executable.variant public @a target(#exe) {\n    }\n"
+    assert "hal.cpu" in cpu_variants.condition_variants(aliased, [("x86-64-v4", ("avx2",))])
+    with pytest.raises(llmc.errors.CompileError, match="no executable variant for --arch CPU.s. x86-64-v3"):
+        cpu_variants.condition_variants(aliased, [("x86-64-v4", ("avx2",)), ("x86-64-v3", ())])
+    with pytest.raises(llmc.errors.CompileError, match="did not ask for"):
+        cpu_variants.condition_variants(text, [("x86-64-v4", ("avx2",))])
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory):
+    out = tmp_path_factory.mktemp("portable") / "mlp.vmfb"
+    return llmc.compile(_mlp(), (torch.randn(4, 64),), arch="portable", output=out)
+
+
+def test_portable_module_holds_a_variant_per_cpu_and_runs_right(portable):
+    info = vmfb.inspect(portable.vmfb)
+    assert [e.format for e in info.executables] == ["embedded-elf-x86_64"] * 2 and all(e.valid for e in info.executables)
+    t = json.loads(portable.manifest.read_text())["target"]
+    assert [v["cpu"] for v in t["cpu_variants"]] == ["x86-64-v4", "x86-64-v3"]
+    assert "avx512f" in t["cpu_variants"][0]["requires"] and t["cpu_variants"][1]["requires"] == []
+    assert t["cpu"] == "x86-64-v3" and "avx2" in t["cpu_features"] and "avx512f" not in t["cpu_features"]
+    assert (portable.vmfb.parent / t["cpu_probe"]).is_file()
+    m = _mlp()
+    x = torch.randn(4, 64)
+    mod = llmc.load(portable.vmfb)
+    with torch.no_grad():
+        torch.testing.assert_close(mod(x), m(x), rtol=1e-5, atol=1e-5)
+    assert mod.cpu_variant == ("x86-64-v4" if AVX512 else "x86-64-v3")
+
+
+def test_info_lists_the_variants(portable):
+    out = subprocess.run([sys.executable, "-m", "llmc.compiler.cli", "info", str(portable.vmfb)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    line = next(l for l in out.stdout.splitlines() if l.startswith("variants:"))
+    assert "x86-64-v4 (if " in line and "avx512f" in line and "x86-64-v3 (otherwise)" in line
+    assert line.endswith("this CPU runs " + ("x86-64-v4" if AVX512 else "x86-64-v3"))
+
+
+def test_missing_probe_is_a_clear_error(portable, tmp_path):
+    for f in (portable.vmfb, portable.params, portable.manifest):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(RuntimeLoadError, match=r"mlp\.cpu-probe\.vmfb: the CPU probe .* is missing; keep it beside mlp\.vmfb"):
+        llmc.load(tmp_path / portable.vmfb.name)
+
+
+def test_single_cpu_rebuild_removes_the_probe(tmp_path):
+    out = tmp_path / "m.vmfb"
+    llmc.compile(_mlp(), (torch.randn(4, 64),), arch="x86-64-v4,x86-64-v3", output=out)
+    assert (tmp_path / ("m" + cpu_variants.PROBE_SUFFIX)).is_file()
+    art = llmc.compile(_mlp(), (torch.randn(4, 64),), arch="x86-64-v3", output=out)
+    assert not (tmp_path / ("m" + cpu_variants.PROBE_SUFFIX)).exists()
+    assert "cpu_variants" not in json.loads(art.manifest.read_text())["target"]
+
+
+_RUN = textwrap.dedent("""
+    import sys, torch, llmc
+    from llmc.runtime import module
+    if sys.argv[2] == "cold":
+        module.Module._warm_cpu_data = lambda self, config: None
+    out = llmc.load(sys.argv[1])(torch.ones(4, 64))
+    print("ran", float(out.sum()))
+""")
+
+
+@pytest.mark.skipif(AVX512 or "avx2" not in HAVE, reason="needs an AVX2 CPU without AVX-512 (AVX-512 code must be illegal here)")
+def test_a_guard_that_holds_picks_its_variant_only_after_the_probe(tmp_path, monkeypatch):
+    """The x86-64-v4 variant guarded by avx2 alone (which this CPU has): with the probe the runtime
+    takes it and the AVX-512 code dies of SIGILL here, which shows the guard was read as true; without
+    the probe the guard reads false (IREE's CPU data still empty) and the fallback runs."""
+    real = targets.cpu_variant_conditions
+    monkeypatch.setattr(targets, "cpu_variant_conditions",
+                        lambda cpus: [(c, ("avx2",) if f else f) for c, f in real(cpus)])
+    art = llmc.compile(_mlp(), (torch.randn(4, 64),), arch="portable", output=tmp_path / "m.vmfb")
+    warm = subprocess.run([sys.executable, "-c", _RUN, str(art.vmfb), "warm"], capture_output=True, text=True)
+    cold = subprocess.run([sys.executable, "-c", _RUN, str(art.vmfb), "cold"], capture_output=True, text=True)
+    assert cold.returncode == 0 and "ran" in cold.stdout, cold.stderr[-2000:]
+    assert warm.returncode == -4, (warm.returncode, warm.stdout, warm.stderr[-2000:])  # SIGILL
