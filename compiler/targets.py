@@ -486,10 +486,11 @@ def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: b
     ]
     # f64 is kept, never silently demoted to f32 (README.md: call semantics).
     flags.append("--iree-input-demote-f64-to-f32=false")
-    # Not for fp8 weights either: with data tiling the decode fused into the matmul materializes a
-    # whole K panel of f32 on the stack ("exceeded stack allocation limit of 32768 bytes" already at
-    # K = 1024); without it the decode fuses into a plain vectorized matmul.
-    if caps.data_tiling and compute == "f32" and dtype != "fp8":
+    # fp8 weights too: on cpu every fp8 weight a matmul reads is stored packed and decoded whole into
+    # its own [N, K] tensor for multi-row products (passes/fp8_weights.py), which IREE then packs per
+    # call; an fp8 decode fused into a data-tiled matmul itself put a whole K panel of f32 on the
+    # stack ("exceeded stack allocation limit of 32768 bytes" already at K = 1024).
+    if caps.data_tiling and compute == "f32":
         # Data tiling is the largest single CPU gain for f32 (off by default in 3.13). The
         # default route (--iree-opt-data-tiling) crashes on batch matmuls with two dynamic dims
         # (attention scores with a dynamic sequence): "'affine.delinearize_index' op no basis

@@ -151,7 +151,7 @@ class Fp8WeightsPass(GraphPass):
             if flavour not in ("e4m3fn", "e4m3fnuz") and float(scale.max()) * 2.0**120 > torch.finfo(torch.float32).max:
                 self.stats.decline(name, "weights beyond 1e5 in magnitude (the decode's scale x 2^120 overflows f32)")
                 continue
-            packed = self._packed(tensor, bits, flavour, embedding)
+            packed = self._packed(tensor, bits, flavour, product)
             stored = packed if packed is not None else bits
             program.state_dict[name] = torch.nn.Parameter(stored, requires_grad=False) if spec.kind == InputKind.PARAMETER else stored
             scale_name = name + SCALE_SUFFIX
@@ -161,7 +161,7 @@ class Fp8WeightsPass(GraphPass):
             new_specs.append(InputSpec(InputKind.BUFFER, TensorArgument(scale_node.name), scale_name, persistent=True))
             if packed is not None:
                 rows = self._decode_packed_at_uses(graph, node, scale_node, bits.shape, per_row=scale.shape[0] != 1,
-                                                   outputs=sig.output_specs)
+                                                   outputs=sig.output_specs, flavour=flavour, compute=compute)
                 _propagate_fake(graph, node, scale_node, node.meta.get("val"), packed, scale)
                 decode = "software, packed" + (f", {rows} one-row product(s) as a reduction" if rows else "")
             else:
@@ -184,30 +184,37 @@ class Fp8WeightsPass(GraphPass):
 
         return once_per_tensor(self.__dict__.setdefault("_done", {}), tensor, make)
 
-    def _packed(self, tensor, bits, flavour, embedding):
-        """The cpu layout of a linear weight's codes, [N/8, K, 8] (PACK output channels side by side),
-        or None to keep [N, K]. Decided once per source tensor, so every entry point of a program
+    def _packed(self, tensor, bits, flavour, product):
+        """The cpu layout of a linear weight's codes, [ceil(N/8), K, 8] (PACK output channels side by
+        side; N padded with zero rows to a multiple of 8), or None to keep [N, K] (other targets, and
+        tables only gathered from). Decided once per source tensor, so every entry point of a program
         stores the same layout under the weight's name."""
-        if self.ctx.target.caps.backend != "llvm-cpu" or flavour in ("e4m3fn", "e4m3fnuz") or embedding:
+        if self.ctx.target.caps.backend != "llvm-cpu" or flavour in ("e4m3fn", "e4m3fnuz") or not product:
             return None
         n, k = bits.shape
-        if n % PACK:
-            return None
-        return once_per_tensor(self.__dict__.setdefault("_packs", {}), tensor,
-                               lambda _: bits.reshape(n // PACK, PACK, k).permute(0, 2, 1).contiguous())
+
+        def pack(_):
+            padded = torch.cat([bits, bits.new_zeros(_padded(n) - n, k)]) if n % PACK else bits
+            return padded.reshape(-1, PACK, k).permute(0, 2, 1).contiguous()
+
+        return once_per_tensor(self.__dict__.setdefault("_packs", {}), tensor, pack)
 
     @staticmethod
-    def _decode_packed_at_uses(graph, node, scale_node, shape, per_row: bool, outputs) -> int:
+    def _decode_packed_at_uses(graph, node, scale_node, shape, per_row: bool, outputs, flavour, compute) -> int:
         """Uses of a packed weight. `x @ w.T` with one row of x (a decode step's linear) becomes
         (x[:, None] * decode(P)).sum over K, times the row scales after the sum: IREE vectorizes that
         reduction along the 8 contiguous output channels of each K step, with no transpose (the
         [N, K] form costs an 8x8 shuffle per 64 weights). K is split (K/4, 4) and the 4 partial sums
         of each channel added last: with one sum per channel every K step's multiply-add waited for
         the previous one (a latency-bound chain, 1.3x f32 on a 4096x4096 matvec); 4 independent
-        chains ran 3.2x f32 (docs/targets.md). Every other use reads the whole weight,
-        decoded and unpacked to [N, K] ahead of the first op. Returns the number of one-row products."""
+        chains ran 3.2x f32 (docs/targets.md). An embedding (a table tied to the output head)
+        gathers its rows' codes from the packed layout and decodes only those. Every other use reads
+        the whole weight, decoded and unpacked to [N, K] ahead of the first op: with data tiling IREE
+        packs that per call, and never fuses the decode into the matmul itself (which put a whole
+        f32 K panel on the stack). Returns the number of one-row products."""
         call = graph.call_function
         n, k = shape
+        npad = _padded(n)
         rows = 0
         decoders = set()  # the decode chains' own reads of the codes
 
@@ -226,10 +233,12 @@ class Fp8WeightsPass(GraphPass):
                     continue
                 with graph.inserting_before(product):
                     lanes = KSPLIT if k % KSPLIT == 0 else 1
-                    w = call(_aten.view.default, (decode(), [n // PACK, k // lanes, lanes, PACK]))
+                    w = call(_aten.view.default, (decode(), [npad // PACK, k // lanes, lanes, PACK]))
                     prod = call(_aten.mul.Tensor, (call(_aten.view.default, (x, [1, k // lanes, lanes, 1])), w))
                     y = call(_aten.sum.dim_IntList, (call(_aten.sum.dim_IntList, (prod, [1])), [1]))
-                    y = call(_aten.view.default, (y, [1, n]))
+                    y = call(_aten.view.default, (y, [1, npad]))
+                    if npad != n:
+                        y = call(_aten.slice.Tensor, (y, 1, 0, n))
                     s = call(_aten.mul.Scalar, (scale_node, 2.0**120))
                     y = call(_aten.mul.Tensor, (y, call(_aten.view.default, (s, [1, -1]))))
                     if product.target == _aten.addmm.default:
@@ -242,14 +251,36 @@ class Fp8WeightsPass(GraphPass):
                 rows += 1
             if not user.users:
                 graph.erase_node(user)
+        for user in [u for u in node.users if u.target in _EMBEDDING and u.args[0] is node]:
+            with graph.inserting_before(user):
+                # Row r's codes are P[r // 8, :, r % 8]: gather the whole group of 8 rows as one
+                # table row of K * 8 bytes, then every 8th byte from r % 8. (A two-index
+                # aten.index.Tensor on [N/8, 8, K] fails in torch-mlir: "failed to legalize
+                # operation 'torch.aten.index.Tensor_hacked_twin'".)
+                ids = user.args[1]
+                groups = call(_aten.view.default, (node, [npad // PACK, k * PACK]))
+                decoders.add(groups)
+                group = call(_aten.div.Scalar_mode, (ids, PACK), {"rounding_mode": "floor"})
+                lane = call(_aten.remainder.Scalar, (ids, PACK))
+                rows8 = call(_aten.embedding.default, (groups, group))  # [*ids, K * 8]
+                steps = call(_aten.arange.start_step, (0, k * PACK, PACK), {"dtype": torch.int64})
+                where = call(_aten.add.Tensor, (call(_aten.unsqueeze.default, (lane, -1)), steps))  # [*ids, K]
+                codes = call(_aten.gather.default, (rows8, -1, where))
+                value = _emit_decode(graph, codes, call(_aten.embedding.default, (scale_node, ids)), flavour, compute)
+            user.replace_all_uses_with(value)
+            graph.erase_node(user)
         rest = [u for u in node.users if u not in decoders]
         if rest:
             with graph.inserting_before(next(n_ for n_ in graph.nodes if n_.op != "placeholder")):
                 f = decode()
                 s = call(_aten.mul.Scalar, (scale_node, 2.0**120))
-                s3 = call(_aten.view.default, (s, [n // PACK, 1, PACK] if per_row else [1, 1, 1]))
+                if per_row and npad != n:
+                    s = call(_aten.constant_pad_nd.default, (s, [0, 0, 0, npad - n]))
+                s3 = call(_aten.view.default, (s, [npad // PACK, 1, PACK] if per_row else [1, 1, 1]))
                 full = call(_aten.permute.default, (call(_aten.mul.Tensor, (f, s3)), [0, 2, 1]))
-                full = call(_aten.view.default, (call(_aten.clone.default, (full,), {"memory_format": torch.contiguous_format}), [n, k]))
+                full = call(_aten.view.default, (call(_aten.clone.default, (full,), {"memory_format": torch.contiguous_format}), [npad, k]))
+                if npad != n:
+                    full = call(_aten.slice.Tensor, (full, 0, 0, n))
             for user in rest:
                 user.replace_input_with(node, full)
         return rows
@@ -280,6 +311,10 @@ class Fp8WeightsPass(GraphPass):
 
 PACK = 8  # output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
 KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
+
+
+def _padded(n: int) -> int:
+    return -(-n // PACK) * PACK
 
 
 def _is_transpose(node) -> bool:

@@ -1,7 +1,7 @@
 """Compile a Llama-3-8B-shaped checkpoint (random weights) on this machine: wall time and peak RSS.
 
     python tools/bench_llama8b_compile.py --workdir /tmp/l8b [--config llama3-8b] [--format hf|meta]
-                                          [--dtype bf16] [--max-seq-len 4096] [--keep]
+                                          [--dtype bf16|fp8] [--checkpoint-dtype D] [--max-seq-len 4096] [--keep]
 
 Writes the checkpoint with tools/make_checkpoint.py unless --workdir already holds one, then runs
 `llmc compile CHECKPOINT --dtype D --max-seq-len N` as a child process and reports its wall time,
@@ -26,18 +26,20 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", required=True, type=Path)
     ap.add_argument("--config", default="llama3-8b")
     ap.add_argument("--format", default="hf", choices=["hf", "meta"])
-    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--dtype", default="bf16", help="llmc compile --dtype")
+    ap.add_argument("--checkpoint-dtype", default=None, help="dtype of the written checkpoint (default: --dtype; bf16 for fp8)")
     ap.add_argument("--max-seq-len", type=int, default=4096)
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint and the artifacts")
     args = ap.parse_args(argv)
 
-    ckpt = args.workdir / f"{args.config}-{args.format}"
+    ckpt_dtype = args.checkpoint_dtype or ("bf16" if args.dtype == "fp8" else args.dtype)
+    ckpt = args.workdir / f"{args.config}-{args.format}-{ckpt_dtype}"
     args.workdir.mkdir(parents=True, exist_ok=True)
     if not ckpt.exists():
         t = time.perf_counter()
         subprocess.run(
             [sys.executable, str(Path(__file__).with_name("make_checkpoint.py")), "--config", args.config,
-             "--format", args.format, "--dtype", args.dtype, "--out", str(ckpt)],
+             "--format", args.format, "--dtype", ckpt_dtype, "--out", str(ckpt)],
             check=True,
         )
         print(f"checkpoint written in {time.perf_counter() - t:.0f} s", file=sys.stderr)

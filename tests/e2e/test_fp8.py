@@ -63,6 +63,29 @@ def test_cpu_fp8_greedy_tokens_equal_eager_on_the_same_quantized_weights(checkpo
     assert got == want
 
 
+def test_cpu_fp8_tied_embeddings_greedy_tokens_equal_eager_on_the_same_quantized_weights(tmp_path):
+    """tiny-llama3 ties its embedding table to the output head: the table is quantized because the
+    head multiplies by it (no fp8_embeddings needed), stored packed, and the embedding gathers its
+    rows' codes from the packed layout."""
+    transformers = pytest.importorskip("transformers")
+    cfg = get_config("tiny-llama3")
+    write_checkpoint(cfg, "hf", tmp_path / "hf", dtype="f32", seed=3)
+    art = llmc.compile(tmp_path / "hf", dtype="fp8", output=tmp_path / "fp8.vmfb", max_seq_len=MAX_SEQ)
+    stats = next(p for p in art.read_manifest()["passes"] if p["name"] == "fp8-weights")
+    # 7 linears per layer and the tied table, in prefill and in decode; all packed.
+    assert stats["declined"] == 0 and stats["rewrote"] == 2 * (7 * cfg.n_layers + 1), stats
+    assert all(form.startswith("per-channel software, packed") for form in stats["forms"]), stats
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    assert hf.lm_head.weight is hf.model.embed_tokens.weight
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() == 2:
+                bits, scale = quantize(p)
+                p.copy_(decode_sw(bits) * scale)
+        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert llmc.load(art).generate(PROMPT, 16, stop_at_eos=False) == out[0, len(PROMPT):].tolist()
+
+
 def test_cpu_fp8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_fp8):
     from safetensors import safe_open
 

@@ -10,6 +10,7 @@
   with decode(q) * s in place of each linear weight (and of the embedding rows it gathers).
 """
 
+import copy
 import pytest
 import torch
 
@@ -121,6 +122,51 @@ def test_one_row_product_splits_k_in_four_partial_sums_when_it_can(k):
     bits, scale = quantize(lin.weight)
     want = x @ (decode_sw(bits) * scale).T + lin.bias
     got = program.module()(x)
+    assert torch.allclose(got, want, rtol=0, atol=1e-5), (got - want).abs().max()
+
+
+class _Tied(torch.nn.Module):
+    """An embedding table tied to the output head, 50 rows: not a multiple of 8."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.mid = torch.nn.Linear(16, 20)  # 20 outputs: padded to 24
+        self.back = torch.nn.Linear(20, 16, bias=False)
+
+    def forward(self, ids):
+        h = self.back(torch.relu(self.mid(self.emb(ids))))
+        return torch.nn.functional.linear(h, self.emb.weight)
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_packed_layout_pads_rows_and_serves_a_tied_embedding(tokens):
+    """N % 8 != 0 is padded with zero rows to the next multiple of 8 (and sliced off after the
+    product); a table that is both gathered from and multiplied by is packed too, and its embedding
+    gathers rows of codes from the packed layout. Same values as the dequantized weights."""
+    torch.manual_seed(0)
+    model = _Tied().eval()
+    ids = torch.tensor([[3, 7, 0, 49, 7][:tokens]])
+    program = torch.export.export(model, (ids,)).run_decompositions(pipeline.base_decompositions())
+    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {}, only=["fp8-weights"])
+    program = plan.graph[0].run(program)
+    for name, (rows, cols) in {"emb.weight": (50, 16), "mid.weight": (20, 16)}.items():
+        stored = program.state_dict[name]
+        bits, _ = quantize(model.state_dict()[name])
+        assert stored.shape == (-(-rows // 8), cols, 8)
+        unpacked = stored.permute(0, 2, 1).reshape(-1, cols)
+        assert torch.equal(unpacked[:rows], bits) and not unpacked[rows:].any()
+    table = next(k for k, v in program.graph_signature.inputs_to_parameters.items() if v == "emb.weight")
+    gathers = [n for n in program.graph.nodes if n.target == torch.ops.aten.gather.default]
+    assert gathers and not any(n.target == torch.ops.aten.embedding.default and n.args[0].name == table for n in program.graph.nodes)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for name in ("emb.weight", "mid.weight", "back.weight"):
+            w = ref.get_parameter(name)
+            bits, scale = quantize(w)
+            w.copy_(decode_sw(bits) * scale)
+    got, want = program.module()(ids), ref(ids)
+    assert got.shape == (1, tokens, 50)
     assert torch.allclose(got, want, rtol=0, atol=1e-5), (got - want).abs().max()
 
 
