@@ -2,7 +2,8 @@
 # RUN: llmc-opt %t.pt2 --pipeline --target cpu --dtype fp8 --stats 2> %t.stats | filecheck %s
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
 # Left in f32: an embedding table (quantized only with the fp8_embeddings option), a 1-d weight
-# (a norm), and a buffer the program writes. Only the linear weight becomes fp8.
+# (a norm), and a buffer the program writes. Only the linear weight becomes fp8 (4 rows: packed
+# on cpu as one group of 8, padded with zero rows).
 import sys
 
 import torch
@@ -27,7 +28,7 @@ torch.export.save(torch.export.export(M(), (torch.tensor([[1, 2, 3, 4]]),)), sys
 # CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"emb.weight"> : tensor<10x16xf32>
 # CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"norm.weight"> : tensor<16xf32>
 # CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"seen"> : tensor<4x16xf32>, is_mutable
-# CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"lin.weight"> : tensor<4x16xi8>
+# CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"lin.weight"> : tensor<1x16x8xi8>
 
 # STATS:       "name": "fp8-weights"
 # STATS:       "rewrote": 1
