@@ -45,15 +45,31 @@ class CastInputs(nn.Module):
         return self.model(*args, **kwargs)
 
 
-def convert_module(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+def convert_module(model: nn.Module, dtype: torch.dtype, keep_narrow_linears: bool = False) -> nn.Module:
     """A copy of `model` whose f32/f16/bf16 parameters and buffers are in `dtype`.
 
     The user's module is left untouched, and the original-precision tensors are not copied: the
     deepcopy memo maps each of them straight to its converted version (a bf16 copy of an f32 model
     costs half the model, not a full f32 copy on top).
+
+    keep_narrow_linears: nn.Linear weights narrower than `dtype` keep their dtype (not one an
+    nn.Embedding shares: a gathered row would carry the narrow dtype into the activations). For
+    `--dtype fp8` with f32 math: the fp8 pass quantizes each weight from its own bf16 values (the
+    same numbers as the widened copy's), so a bf16 8B checkpoint is never widened to 32 GB of f32;
+    the export records the mixed-dtype product and the dtype-harmony pass casts it.
     """
+    keep = set()
+    if keep_narrow_linears:
+        shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+        keep = {
+            id(m.weight) for m in model.modules()
+            if isinstance(m, nn.Linear) and id(m.weight) not in shared and m.weight.is_floating_point()
+            and m.weight.element_size() < torch.empty((), dtype=dtype).element_size()
+        }
     memo = {}
     for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in keep:
+            continue
         if t.is_floating_point() and t.dtype in (torch.float32, torch.float16, torch.bfloat16):
             converted = t.detach().to(dtype)
             memo[id(t)] = nn.Parameter(converted, requires_grad=False) if isinstance(t, nn.Parameter) else converted

@@ -147,13 +147,14 @@ def _default_len(config: LlamaConfig) -> int:
     return min(config.max_seq_len, DEFAULT_MAX_SEQ_LEN)
 
 
-def export_llm(llama: Llama, dtype: str, max_seq_len: int) -> list[lower.Entry]:
-    """Export prefill and decode over one converted copy of the model, as the module's entry points."""
+def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool = False) -> list[lower.Entry]:
+    """Export prefill and decode over one converted copy of the model, as the module's entry points.
+    keep_narrow_linears: see export.convert_module (fp8: quantized from the checkpoint's own dtype)."""
     from torch.export import Dim
 
     tdt = dtypes.compute_torch_dtype(dtype)
     # A copy (sharing weight storage when the dtype already matches): the caller's module is untouched.
-    llama = export.convert_module(llama, tdt).eval()
+    llama = export.convert_module(llama, tdt, keep_narrow_linears=keep_narrow_linears).eval()
     llama.set_rope_positions(max_seq_len)  # f32 tables sized to the cache; they become parameters
     config = llama.config
     cache = new_cache(config, max_seq_len, tdt)
@@ -219,7 +220,7 @@ def compile_llm(model, opts: lower.CompileOptions):
         )
 
     with phases.phase("export"):
-        entries = export_llm(llama, target.compute_dtype, max_seq_len)
+        entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=target.dtype == "fp8")
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases)
     llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem))
     return lower.write_artifact(

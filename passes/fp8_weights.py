@@ -44,6 +44,7 @@ import fnmatch
 
 import torch
 
+from llmc.passes import _packed
 from llmc.passes._base import GraphPass, Requires, once_per_tensor, register_pass, written_in_place
 
 _aten = torch.ops.aten
@@ -191,99 +192,20 @@ class Fp8WeightsPass(GraphPass):
         stores the same layout under the weight's name."""
         if self.ctx.target.caps.backend != "llvm-cpu" or flavour in ("e4m3fn", "e4m3fnuz") or not product:
             return None
-        n, k = bits.shape
-
-        def pack(_):
-            padded = torch.cat([bits, bits.new_zeros(_padded(n) - n, k)]) if n % PACK else bits
-            return padded.reshape(-1, PACK, k).permute(0, 2, 1).contiguous()
-
-        return once_per_tensor(self.__dict__.setdefault("_packs", {}), tensor, pack)
+        return once_per_tensor(self.__dict__.setdefault("_packs", {}), tensor, lambda _: _packed.pack(bits))
 
     @staticmethod
     def _decode_packed_at_uses(graph, node, scale_node, shape, per_row: bool, outputs, flavour, compute) -> int:
-        """Uses of a packed weight. `x @ w.T` with one row of x (a decode step's linear) becomes
-        (x[:, None] * decode(P)).sum over K, times the row scales after the sum: IREE vectorizes that
-        reduction along the 8 contiguous output channels of each K step, with no transpose (the
-        [N, K] form costs an 8x8 shuffle per 64 weights). K is split (K/4, 4) and the 4 partial sums
-        of each channel added last: with one sum per channel every K step's multiply-add waited for
-        the previous one (a latency-bound chain, 1.3x f32 on a 4096x4096 matvec); 4 independent
-        chains ran 3.2x f32 (docs/targets.md). An embedding (a table tied to the output head)
-        gathers its rows' codes from the packed layout and decodes only those. Every other use reads
-        the whole weight, decoded and unpacked to [N, K] ahead of the first op: with data tiling IREE
-        packs that per call, and never fuses the decode into the matmul itself (which put a whole
-        f32 K panel on the stack). Returns the number of one-row products."""
-        call = graph.call_function
-        n, k = shape
-        npad = _padded(n)
-        rows = 0
-        decoders = set()  # the decode chains' own reads of the codes
+        """Uses of a packed weight (passes/_packed.py): decode(P) * s with s * 2^120 applied after a
+        one-row product's sum; an embedding decodes only its gathered rows, times their scales."""
+        with graph.inserting_before(next(n_ for n_ in graph.nodes if n_.op != "placeholder")):
+            scale = graph.call_function(_aten.mul.Scalar, (scale_node, 2.0**120))
 
-        def decode():
-            before = set(node.users)
-            f = _emit_decode_bits(graph, node)
-            decoders.update(set(node.users) - before)
-            return f
+        def rows_dec(g, codes, ids):
+            return _emit_decode(g, codes, g.call_function(_aten.embedding.default, (scale_node, ids)), flavour, compute)
 
-        for user in list(node.users):
-            if not _is_transpose(user):
-                continue
-            for product in list(user.users):
-                x = _one_row_input(product, user, k)
-                if x is None:
-                    continue
-                with graph.inserting_before(product):
-                    lanes = KSPLIT if k % KSPLIT == 0 else 1
-                    w = call(_aten.view.default, (decode(), [npad // PACK, k // lanes, lanes, PACK]))
-                    prod = call(_aten.mul.Tensor, (call(_aten.view.default, (x, [1, k // lanes, lanes, 1])), w))
-                    y = call(_aten.sum.dim_IntList, (call(_aten.sum.dim_IntList, (prod, [1])), [1]))
-                    y = call(_aten.view.default, (y, [1, npad]))
-                    if npad != n:
-                        y = call(_aten.slice.Tensor, (y, 1, 0, n))
-                    s = call(_aten.mul.Scalar, (scale_node, 2.0**120))
-                    y = call(_aten.mul.Tensor, (y, call(_aten.view.default, (s, [1, -1]))))
-                    if product.target == _aten.addmm.default:
-                        y = call(_aten.add.Tensor, (product.args[0], y))
-                product.replace_all_uses_with(y)
-                for spec in outputs:  # the program's outputs are found by node name
-                    if getattr(spec.arg, "name", None) == product.name:
-                        spec.arg.name = y.name
-                graph.erase_node(product)
-                rows += 1
-            if not user.users:
-                graph.erase_node(user)
-        for user in [u for u in node.users if u.target in _EMBEDDING and u.args[0] is node]:
-            with graph.inserting_before(user):
-                # Row r's codes are P[r // 8, :, r % 8]: gather the whole group of 8 rows as one
-                # table row of K * 8 bytes, then every 8th byte from r % 8. (A two-index
-                # aten.index.Tensor on [N/8, 8, K] fails in torch-mlir: "failed to legalize
-                # operation 'torch.aten.index.Tensor_hacked_twin'".)
-                ids = user.args[1]
-                groups = call(_aten.view.default, (node, [npad // PACK, k * PACK]))
-                decoders.add(groups)
-                group = call(_aten.div.Scalar_mode, (ids, PACK), {"rounding_mode": "floor"})
-                lane = call(_aten.remainder.Scalar, (ids, PACK))
-                rows8 = call(_aten.embedding.default, (groups, group))  # [*ids, K * 8]
-                steps = call(_aten.arange.start_step, (0, k * PACK, PACK), {"dtype": torch.int64})
-                where = call(_aten.add.Tensor, (call(_aten.unsqueeze.default, (lane, -1)), steps))  # [*ids, K]
-                codes = call(_aten.gather.default, (rows8, -1, where))
-                value = _emit_decode(graph, codes, call(_aten.embedding.default, (scale_node, ids)), flavour, compute)
-            user.replace_all_uses_with(value)
-            graph.erase_node(user)
-        rest = [u for u in node.users if u not in decoders]
-        if rest:
-            with graph.inserting_before(next(n_ for n_ in graph.nodes if n_.op != "placeholder")):
-                f = decode()
-                s = call(_aten.mul.Scalar, (scale_node, 2.0**120))
-                if per_row and npad != n:
-                    s = call(_aten.constant_pad_nd.default, (s, [0, 0, 0, npad - n]))
-                s3 = call(_aten.view.default, (s, [npad // PACK, 1, PACK] if per_row else [1, 1, 1]))
-                full = call(_aten.permute.default, (call(_aten.mul.Tensor, (f, s3)), [0, 2, 1]))
-                full = call(_aten.view.default, (call(_aten.clone.default, (full,), {"memory_format": torch.contiguous_format}), [npad, k]))
-                if npad != n:
-                    full = call(_aten.slice.Tensor, (full, 0, 0, n))
-            for user in rest:
-                user.replace_input_with(node, full)
-        return rows
+        return _packed.rewrite_uses(graph, node, shape, lambda g, codes: _emit_decode_bits(g, codes), outputs,
+                                    scale=scale, per_row=per_row, rows_dec=rows_dec)
 
     @staticmethod
     def _decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale) -> None:
@@ -307,34 +229,6 @@ class Fp8WeightsPass(GraphPass):
             user.replace_input_with(node, full)
         if fake is not None:
             _propagate_fake(graph, node, scale_node, fake, bits, scale)
-
-
-PACK = 8  # output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
-KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
-
-
-def _padded(n: int) -> int:
-    return -(-n // PACK) * PACK
-
-
-def _is_transpose(node) -> bool:
-    return node.op == "call_function" and (
-        node.target == _aten.t.default or (node.target == _aten.permute.default and list(node.args[1]) == [1, 0]))
-
-
-def _one_row_input(product, weight_t, k):
-    """x of `mm(x, weight_t)` / `addmm(b, x, weight_t)` (default alpha and beta) when x is [1, K]."""
-    if product.target == _aten.mm.default and product.args[1] is weight_t:
-        x = product.args[0]
-    elif product.target == _aten.addmm.default and product.args[2] is weight_t and not product.kwargs:
-        x = product.args[1]
-    else:
-        return None
-    val = x.meta.get("val") if hasattr(x, "meta") else None
-    # A symbolic row count (prefill's sequence) is not compared: that would add a guard to the program.
-    if val is None or val.dim() != 2 or any(isinstance(d, torch.SymInt) for d in val.shape) or tuple(val.shape) != (1, k):
-        return None
-    return x
 
 
 def _emit_decode_bits(graph, bits_node):

@@ -66,10 +66,11 @@ def test_cpu_fp8_greedy_tokens_equal_eager_on_the_same_quantized_weights(checkpo
 def test_cpu_fp8_tied_embeddings_greedy_tokens_equal_eager_on_the_same_quantized_weights(tmp_path):
     """tiny-llama3 ties its embedding table to the output head: the table is quantized because the
     head multiplies by it (no fp8_embeddings needed), stored packed, and the embedding gathers its
-    rows' codes from the packed layout."""
+    rows' codes from the packed layout. The checkpoint is bf16: the other linear weights stay bf16
+    through export and are quantized from their own values (export.convert_module)."""
     transformers = pytest.importorskip("transformers")
     cfg = get_config("tiny-llama3")
-    write_checkpoint(cfg, "hf", tmp_path / "hf", dtype="f32", seed=3)
+    write_checkpoint(cfg, "hf", tmp_path / "hf", dtype="bf16", seed=3)
     art = llmc.compile(tmp_path / "hf", dtype="fp8", output=tmp_path / "fp8.vmfb", max_seq_len=MAX_SEQ)
     stats = next(p for p in art.read_manifest()["passes"] if p["name"] == "fp8-weights")
     # 7 linears per layer and the tied table, in prefill and in decode; all packed.

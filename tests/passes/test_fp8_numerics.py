@@ -170,6 +170,40 @@ def test_packed_layout_pads_rows_and_serves_a_tied_embedding(tokens):
     assert torch.allclose(got, want, rtol=0, atol=1e-5), (got - want).abs().max()
 
 
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_a_bf16_weight_in_an_f32_program_is_quantized_from_its_own_values(tokens):
+    """A bf16 checkpoint compiled for fp8 with f32 math keeps its linear weights bf16 at export
+    (export.convert_module keep_narrow_linears): the product is mixed-dtype, dtype-harmony casts
+    the transposed weight to f32, and fp8-weights sees through that cast: the same packed forms, the
+    one-row reduction included, and the values of the weight quantized from bf16."""
+    from llmc.compiler import export
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 8)).to(torch.bfloat16).eval()
+    conv = export.convert_module(model, torch.float32, keep_narrow_linears=True)
+    assert conv[0].weight.dtype == torch.bfloat16 and conv[0].bias.dtype == torch.float32
+    assert export.convert_module(model, torch.float32)[0].weight.dtype == torch.float32
+    x = torch.randn(tokens, 16)
+    program = torch.export.export(conv, (x,)).run_decompositions(pipeline.base_decompositions())
+    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {}, only=["dtype-harmony", "fp8-weights"])
+    for p in plan.graph:
+        program = p.run(program)
+    forms = plan.stats()[1]["forms"]
+    assert forms == {("per-channel software, packed, 1 one-row product(s) as a reduction" if tokens == 1
+                      else "per-channel software, packed"): 2}, forms
+    assert not [n for n in program.graph.nodes if n.target == torch.ops.aten.mm.default and tokens == 1]
+    ref = copy.deepcopy(model).float()
+    with torch.no_grad():
+        for lin in (ref[0], ref[2]):
+            bits, scale = quantize(lin.weight)
+            lin.weight.copy_(decode_sw(bits) * scale)
+        lin_b = [conv[0].bias, conv[2].bias]
+        ref[0].bias.copy_(lin_b[0]); ref[2].bias.copy_(lin_b[1])
+    got, want = program.module()(x), ref(x)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, want, rtol=0, atol=1e-5), (got - want).abs().max()
+
+
 def test_gpu_targets_keep_the_row_layout():
     program = torch.export.export(_Model(), (torch.tensor([[1]]),)).run_decompositions(pipeline.base_decompositions())
     plan = pipeline.build(targets.resolve("vulkan", None, "fp8"), {}, only=["fp8-weights"])

@@ -1,0 +1,204 @@
+"""The cpu layout of narrow linear weights (fp8 codes, bf16 bits) and the graph that reads it.
+
+Shared by `fp8-weights` and `bf16-weights` on llvm-cpu. A linear weight [N, K] stored narrower than
+it is computed is kept as P[ceil(N/8), K, 8] (P[b, k, j] = w[8b + j, k]; N padded with zero rows to
+a multiple of 8), and its uses become:
+
+- `x @ w.T` with one row of x (every linear of a decode step, prefill's LM head):
+      (x.view(1, K/4, 4, 1) * dec(P).view(N/8, K/4, 4, 8)).sum(1).sum(1).view(1, N)[:, :N] * s.T
+  (+ bias for addmm; K % 4 != 0 keeps one partial sum per channel). IREE vectorizes that reduction
+  along the 8 contiguous output channels of each K step, reading each weight once in its narrow
+  form, with no transpose (the [N, K] form costs an 8x8 shuffle per 64 weights). Splitting K into
+  (K/4, 4) leaves 4 independent partial sums per channel: with one, every K step's multiply-add
+  waited for the previous one (latency-bound: 1.3x llmc f32 on a 4096x4096 fp8 matvec; 3.2x with 4).
+- an embedding (a table tied to the output head): each row's codes are gathered from the packed
+  layout (the row's group of 8 rows, then every 8th byte) and only those are decoded.
+- every other use (multi-row products): the whole weight decoded and unpacked to [N, K] ahead of
+  the first op. IREE packs that for its data-tiled matmul per call; a decode fused into a data-tiled
+  matmul itself put a whole f32 K panel on the stack ("exceeded stack allocation limit").
+
+`dec` is the caller's: integer ops from the stored bits to f32 (times a constant the scale
+absorbs). Same values as the [N, K] weight: only the f32 summation order of the products differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+_aten = torch.ops.aten
+
+PACK = 8  # output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
+KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
+
+
+def padded(n: int) -> int:
+    return -(-n // PACK) * PACK
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [ceil(N/8), K, 8], N padded with zeros."""
+    n, k = w.shape
+    if n % PACK:
+        w = torch.cat([w, w.new_zeros(padded(n) - n, k)])
+    return w.reshape(-1, PACK, k).permute(0, 2, 1).contiguous()
+
+
+def unpack(p: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of `pack` for an [n, K] weight."""
+    return p.permute(0, 2, 1).reshape(-1, p.shape[1])[:n]
+
+
+def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *, scale=None, per_row: bool = True,
+                 rows_dec: Callable | None = None) -> int:
+    """Rewrite every use of the packed weight `node` (originally [N, K] = `shape`) as described above.
+
+    dec(graph, codes_node) -> f32 node: the decode of stored codes, emitted at the insertion point.
+    scale: a node (already including any constant the decode leaves out), [N, 1] if per_row else
+        [1, 1], multiplied into the result; None for none.
+    rows_dec(graph, codes_node, ids_node) -> node: an embedding's value from its gathered codes
+        ([*ids, K]) and its ids; default dec(codes) (times the rows' scales).
+    outputs: the program's output specs (an output found by node name is renamed with its node).
+    Returns the number of one-row products.
+    """
+    call = graph.call_function
+    n, k = shape
+    npad = padded(n)
+    rows = 0
+    decoders = set()  # the decode chains' own reads of the codes
+
+    def decode():
+        before = set(node.users)
+        f = dec(graph, node)
+        decoders.update(set(node.users) - before)
+        return f
+
+    for wt, product in _transposed_uses(node):
+        x = _one_row_input(product, wt, k)
+        if x is None:
+            continue
+        with graph.inserting_before(product):
+            lanes = KSPLIT if k % KSPLIT == 0 else 1
+            w = call(_aten.view.default, (decode(), [npad // PACK, k // lanes, lanes, PACK]))
+            prod = call(_aten.mul.Tensor, (call(_aten.view.default, (x, [1, k // lanes, lanes, 1])), w))
+            y = call(_aten.sum.dim_IntList, (call(_aten.sum.dim_IntList, (prod, [1])), [1]))
+            y = call(_aten.view.default, (y, [1, npad]))
+            if npad != n:
+                y = call(_aten.slice.Tensor, (y, 1, 0, n))
+            if scale is not None:
+                y = call(_aten.mul.Tensor, (y, call(_aten.view.default, (scale, [1, -1]))))
+            if product.target == _aten.addmm.default:
+                y = call(_aten.add.Tensor, (product.args[0], y))
+        product.replace_all_uses_with(y)
+        for spec in outputs:  # the program's outputs are found by node name
+            if getattr(spec.arg, "name", None) == product.name:
+                spec.arg.name = y.name
+        graph.erase_node(product)
+        rows += 1
+    _erase_dead_chains(graph, node)
+    for user in [u for u in node.users if u.target == _aten.embedding.default and u.args[0] is node]:
+        with graph.inserting_before(user):
+            # Row r's codes are P[r // 8, :, r % 8]: gather the whole group of 8 rows as one table
+            # row of K * 8 codes, then every 8th one from r % 8. (A two-index aten.index.Tensor on
+            # [N/8, 8, K] fails in torch-mlir: "failed to legalize operation
+            # 'torch.aten.index.Tensor_hacked_twin'".)
+            ids = user.args[1]
+            groups = call(_aten.view.default, (node, [npad // PACK, k * PACK]))
+            decoders.add(groups)
+            group = call(_aten.div.Scalar_mode, (ids, PACK), {"rounding_mode": "floor"})
+            lane = call(_aten.remainder.Scalar, (ids, PACK))
+            rows8 = call(_aten.embedding.default, (groups, group))  # [*ids, K * 8]
+            steps = call(_aten.arange.start_step, (0, k * PACK, PACK), {"dtype": torch.int64})
+            where = call(_aten.add.Tensor, (call(_aten.unsqueeze.default, (lane, -1)), steps))  # [*ids, K]
+            codes = call(_aten.gather.default, (rows8, -1, where))
+            value = rows_dec(graph, codes, ids) if rows_dec is not None else dec(graph, codes)
+        user.replace_all_uses_with(value)
+        graph.erase_node(user)
+    rest = [u for u in node.users if u not in decoders]
+    if rest:
+        # Ahead of the first op, after the scale if that is computed (the order of graph.nodes is
+        # the program's).
+        first = next(n_ for n_ in graph.nodes if n_.op != "placeholder")
+        with graph.inserting_before(scale.next if scale is not None and scale.op != "placeholder" else first):
+            full = decode()
+            if scale is not None:
+                s = scale
+                if per_row and npad != n:
+                    s = call(_aten.constant_pad_nd.default, (s, [0, 0, 0, npad - n]))
+                full = call(_aten.mul.Tensor, (full, call(_aten.view.default, (s, [npad // PACK, 1, PACK] if per_row else [1, 1, 1]))))
+            full = call(_aten.permute.default, (full, [0, 2, 1]))
+            full = call(_aten.view.default, (call(_aten.clone.default, (full,), {"memory_format": torch.contiguous_format}), [npad, k]))
+            if npad != n:
+                full = call(_aten.slice.Tensor, (full, 0, 0, n))
+        for user in rest:
+            user.replace_input_with(node, full)
+            # A narrow weight's transpose now reads f32: its fake value is recomputed by the caller
+            # (it propagates every node without one) and torch-mlir must not see the old dtype.
+            if not _is_cast(user):
+                user.meta.pop("val", None)
+                user.meta.pop("tensor_meta", None)
+    return rows
+
+
+def _is_cast(node) -> bool:
+    """A dtype conversion to f32 (dtype-harmony's cast of a narrow weight): the decode is f32 already."""
+    if node.op != "call_function":
+        return False
+    if node.target == torch.ops.prims.convert_element_type.default:
+        return node.args[1] == torch.float32
+    return node.target == _aten._to_copy.default and set(node.kwargs) == {"dtype"} and node.kwargs["dtype"] == torch.float32
+
+
+def _transposed_uses(node):
+    """(w.T as the product sees it, the product) for each product reached from the weight through one
+    transpose, with an f32 cast before or after it (a narrow weight in an f32 program)."""
+    out = []
+    starts = [node] + [u for u in node.users if _is_cast(u)]
+    for start in starts:
+        for t in [u for u in start.users if _is_transpose(u)]:
+            for user in list(t.users):
+                if _is_cast(user):
+                    out.extend((user, p) for p in list(user.users))
+                else:
+                    out.append((t, user))
+    return out
+
+
+def _erase_dead_chains(graph, node) -> None:
+    """The casts and transposes between the weight and the products rewritten away, once unused."""
+    changed = True
+    while changed:
+        changed = False
+        for n in list(graph.nodes):
+            if not n.users and (_is_cast(n) or _is_transpose(n)) and _reaches_from(n, node):
+                graph.erase_node(n)
+                changed = True
+
+
+def _reaches_from(n, node) -> bool:
+    while n is not node:
+        if not (_is_cast(n) or _is_transpose(n)) or not isinstance(n.args[0], torch.fx.Node):
+            return False
+        n = n.args[0]
+    return True
+
+
+def _is_transpose(node) -> bool:
+    return node.op == "call_function" and (
+        node.target == _aten.t.default or (node.target == _aten.permute.default and list(node.args[1]) == [1, 0]))
+
+
+def _one_row_input(product, weight_t, k):
+    """x of `mm(x, weight_t)` / `addmm(b, x, weight_t)` (default alpha and beta) when x is [1, K]."""
+    if product.target == _aten.mm.default and product.args[1] is weight_t:
+        x = product.args[0]
+    elif product.target == _aten.addmm.default and product.args[2] is weight_t and not product.kwargs:
+        x = product.args[1]
+    else:
+        return None
+    val = x.meta.get("val") if hasattr(x, "meta") else None
+    # A symbolic row count (prefill's sequence) is not compared: that would add a guard to the program.
+    if val is None or val.dim() != 2 or any(isinstance(d, torch.SymInt) for d in val.shape) or tuple(val.shape) != (1, k):
+        return None
+    return x
