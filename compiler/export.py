@@ -69,6 +69,7 @@ def convert_module(model: nn.Module, dtype: torch.dtype, keep_narrow_linears: bo
     memo = {}
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) in keep:
+            memo[id(t)] = t  # shared as is (deepcopy would copy a memory-mapped checkpoint into RAM)
             continue
         if t.is_floating_point() and t.dtype in (torch.float32, torch.float16, torch.bfloat16):
             converted = t.detach().to(dtype)

@@ -148,25 +148,23 @@ class Fp8WeightsPass(GraphPass):
             if pattern is not None:
                 self.stats.decline(name, f"excluded by {pattern!r}")
                 continue
-            bits, scale = self._quantized(tensor, per_channel, flavour)
+            stored, scale, packed = self._quantized(tensor, per_channel, flavour, product)
             if flavour not in ("e4m3fn", "e4m3fnuz") and float(scale.max()) * 2.0**120 > torch.finfo(torch.float32).max:
                 self.stats.decline(name, "weights beyond 1e5 in magnitude (the decode's scale x 2^120 overflows f32)")
                 continue
-            packed = self._packed(tensor, bits, flavour, product)
-            stored = packed if packed is not None else bits
             program.state_dict[name] = torch.nn.Parameter(stored, requires_grad=False) if spec.kind == InputKind.PARAMETER else stored
             scale_name = name + SCALE_SUFFIX
             with graph.inserting_before(placeholders[sig.input_specs[first_user_input].arg.name] if first_user_input < len(sig.input_specs) else node):
                 scale_node = graph.placeholder(f"b_{scale_name.replace('.', '_')}")
             program.state_dict[scale_name] = scale
             new_specs.append(InputSpec(InputKind.BUFFER, TensorArgument(scale_node.name), scale_name, persistent=True))
-            if packed is not None:
-                rows = self._decode_packed_at_uses(graph, node, scale_node, bits.shape, per_row=scale.shape[0] != 1,
+            if packed:
+                rows = self._decode_packed_at_uses(graph, node, scale_node, tuple(tensor.shape), per_row=scale.shape[0] != 1,
                                                    outputs=sig.output_specs, flavour=flavour, compute=compute)
-                _propagate_fake(graph, node, scale_node, node.meta.get("val"), packed, scale)
+                _propagate_fake(graph, node, scale_node, node.meta.get("val"), stored, scale)
                 decode = "software, packed" + (f", {rows} one-row product(s) as a reduction" if rows else "")
             else:
-                self._decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale)
+                self._decode_at_uses(graph, node, scale_node, flavour, compute, stored, scale)
                 decode = flavour if flavour in ("e4m3fn", "e4m3fnuz") else "software"
             self.stats.rewrite(f"{'per-channel' if per_channel else 'per-tensor'} {decode}")
         if new_specs:
@@ -177,22 +175,21 @@ class Fp8WeightsPass(GraphPass):
         program.graph_module.recompile()
         return program
 
-    def _quantized(self, tensor, per_channel, flavour):
-        """(bits, scale) in the arch's flavour, once per source tensor (_base.once_per_tensor)."""
+    def _quantized(self, tensor, per_channel, flavour, product):
+        """(codes as stored, scale, packed?) in the arch's flavour, once per source tensor
+        (_base.once_per_tensor), so every entry point of a program stores the same thing under the
+        weight's name; only the stored form is kept (an 8B model's codes are 8 GB). On cpu a weight a
+        matrix product reads is stored packed, [ceil(N/8), K, 8] (passes/_packed.py); other targets
+        and tables only gathered from keep [N, K]."""
+        pack = self.ctx.target.caps.backend == "llvm-cpu" and flavour not in ("e4m3fn", "e4m3fnuz") and product
+
         def make(t):
             bits, scale = quantize(t, per_channel)
-            return fn_to_fnuz(bits, scale) if flavour == "e4m3fnuz" else (bits, scale)
+            if flavour == "e4m3fnuz":
+                bits, scale = fn_to_fnuz(bits, scale)
+            return (_packed.pack(bits) if pack else bits), scale, pack
 
         return once_per_tensor(self.__dict__.setdefault("_done", {}), tensor, make)
-
-    def _packed(self, tensor, bits, flavour, product):
-        """The cpu layout of a linear weight's codes, [ceil(N/8), K, 8] (PACK output channels side by
-        side; N padded with zero rows to a multiple of 8), or None to keep [N, K] (other targets, and
-        tables only gathered from). Decided once per source tensor, so every entry point of a program
-        stores the same layout under the weight's name."""
-        if self.ctx.target.caps.backend != "llvm-cpu" or flavour in ("e4m3fn", "e4m3fnuz") or not product:
-            return None
-        return once_per_tensor(self.__dict__.setdefault("_packs", {}), tensor, lambda _: _packed.pack(bits))
 
     @staticmethod
     def _decode_packed_at_uses(graph, node, scale_node, shape, per_row: bool, outputs, flavour, compute) -> int:

@@ -182,6 +182,7 @@ def test_a_bf16_weight_in_an_f32_program_is_quantized_from_its_own_values(tokens
     model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 8)).to(torch.bfloat16).eval()
     conv = export.convert_module(model, torch.float32, keep_narrow_linears=True)
     assert conv[0].weight.dtype == torch.bfloat16 and conv[0].bias.dtype == torch.float32
+    assert conv[0].weight.data_ptr() == model[0].weight.data_ptr()  # shared, not copied (an 8B checkpoint is mmapped)
     assert export.convert_module(model, torch.float32)[0].weight.dtype == torch.float32
     x = torch.randn(tokens, 16)
     program = torch.export.export(conv, (x,)).run_decompositions(pipeline.base_decompositions())
