@@ -151,7 +151,8 @@ def lower_module(
     programs = []
     with phases.phase("graph passes"):
         for e in entries:
-            program = pipeline.run_graph(plan, e.exported.program, e.function, dump) if graph_passes else e.exported.program
+            program = (pipeline.run_graph(plan, e.exported.program, e.function, dump, name_prefix=e.exported.strip_prefix or "")
+                       if graph_passes else e.exported.program)
             programs.append(export.Exported(program, e.exported.strip_prefix))
     target = target.for_shapes(any(export.is_dynamic(p.program) for p in programs))
     plan.ctx.target = target

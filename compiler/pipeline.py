@@ -130,11 +130,14 @@ def run_source(plan: Plan, gm, dump: Dumper | None = None) -> None:
             dump(f"source-{p.name}", lambda: str(gm.graph), ".txt")
 
 
-def run_graph(plan: Plan, program: torch.export.ExportedProgram, entry: str = "main", dump: Dumper | None = None):
-    """Graph passes on an exported program; returns the program to import."""
+def run_graph(plan: Plan, program: torch.export.ExportedProgram, entry: str = "main", dump: Dumper | None = None,
+              name_prefix: str = ""):
+    """Graph passes on an exported program; returns the program to import. name_prefix: what the
+    importer strips from its parameter names (export.Exported.strip_prefix)."""
     if dump is not None:
         dump(f"{entry}-export", lambda: str(program.graph), ".txt")
     plan.ctx.entry = entry
+    plan.ctx.name_prefix = name_prefix
     table = base_decompositions()
     merged = [p for p in plan.graph if isinstance(p, DecompositionPass)]
     owner: dict = {}

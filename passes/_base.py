@@ -65,6 +65,12 @@ class PassContext:
     options: dict = dataclasses.field(default_factory=dict)
     params: object | None = None
     entry: str = ""  # the entry point (function) whose program a graph pass is running on
+    # What the importer strips from the program's parameter names ("llama." of an LLM's entry-point
+    # wrapper): a name the user writes (an --fp8-exclude pattern) is the stored, stripped one.
+    name_prefix: str = ""
+
+    def stored_name(self, name: str) -> str:
+        return name[len(self.name_prefix):] if self.name_prefix and name.startswith(self.name_prefix) else name
 
     @property
     def caps(self):

@@ -144,7 +144,7 @@ class Fp8WeightsPass(GraphPass):
             if name in mutated or written_in_place(node):
                 self.stats.decline(name, "written by the program")
                 continue
-            pattern = next((p for p in exclude if fnmatch.fnmatchcase(name, p)), None)
+            pattern = next((p for p in exclude if fnmatch.fnmatchcase(self.ctx.stored_name(name), p)), None)
             if pattern is not None:
                 self.stats.decline(name, f"excluded by {pattern!r}")
                 continue

@@ -87,6 +87,26 @@ def test_cpu_fp8_tied_embeddings_greedy_tokens_equal_eager_on_the_same_quantized
     assert llmc.load(art).generate(PROMPT, 16, stop_at_eos=False) == out[0, len(PROMPT):].tolist()
 
 
+def test_cpu_fp8_exclude_names_the_checkpoint_weight(tmp_path):
+    """--fp8-exclude matches the names the user sees (the .irpa's, `lm_head.weight`), not the export
+    wrapper's (`llama.lm_head.weight`); the excluded head stays bf16 (f32 math) next to fp8 layers of
+    a bf16 checkpoint, and 8 greedy tokens equal transformers with the same weights."""
+    transformers = pytest.importorskip("transformers")
+    write_checkpoint(get_config("tiny"), "hf", tmp_path / "hf", dtype="bf16", seed=3)
+    art = llmc.compile(tmp_path / "hf", dtype="fp8", output=tmp_path / "fp8.vmfb", max_seq_len=MAX_SEQ, fp8_exclude=["lm_head.*"])
+    stats = next(p for p in art.read_manifest()["passes"] if p["name"] == "fp8-weights")
+    assert "excluded by 'lm_head.*'" in stats["decline_reasons"], stats
+    assert "lm_head.weight_fp8_scale" not in _irpa_sizes(art.params)
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() == 2 and not name.startswith(("lm_head", "model.embed_tokens")):
+                bits, scale = quantize(p)
+                p.copy_(decode_sw(bits) * scale)
+        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert llmc.load(art).generate(PROMPT, 8, stop_at_eos=False) == out[0, len(PROMPT):].tolist()
+
+
 def test_cpu_fp8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_fp8):
     from safetensors import safe_open
 
