@@ -230,7 +230,7 @@ def write_artifact(
                 irpa_sha = artifacts.sha256_file(tmp_irpa, counter=hashed)
         else:
             irpa_sha = None
-        configure = None
+        configure, conditions = None, None
         if len(target.cpus) > 1:
             conditions = targets.cpu_variant_conditions(target.cpus)
             configure = lambda text: cpu_variants.condition_variants(text, conditions)  # noqa: E731
@@ -257,7 +257,7 @@ def write_artifact(
                 if src is not None:
                     extra_tmps[dest] = artifacts.temp_path(dest)
                     shutil.copyfile(src, extra_tmps[dest])
-            manifest = _manifest(lowered, source, run, irpa_sha, out_irpa if has_params else None, phases, name)
+            manifest = _manifest(lowered, source, run, irpa_sha, out_irpa if has_params else None, phases, name, conditions)
             manifest.update(extra_manifest or {})
             manifest_tmp = artifacts.temp_path(out_json)
             manifest_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -315,7 +315,8 @@ def _versions() -> dict:
     return out
 
 
-def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irpa: Path | None, phases: Phases, out_vmfb_name: str) -> dict:
+def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irpa: Path | None, phases: Phases, out_vmfb_name: str,
+              cpu_conditions: list | None = None) -> dict:
     target, store, signatures = lowered.target, lowered.store, lowered.signatures
     caps = target.caps
     wide = ("float64", "complex128")
@@ -337,10 +338,8 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
         # What a machine needs to run the module: the (last, fallback) CPU's features.
         t["cpu"], features = targets.llvm_cpu_features(target.cpus[-1])
         t["cpu_features"] = list(features)
-        if len(target.cpus) > 1:
-            t["cpu_variants"] = [
-                {"cpu": cpu, "requires": list(req)} for cpu, req in targets.cpu_variant_conditions(target.cpus)
-            ]
+        if cpu_conditions:  # several CPUs: what each variant's guard asks for (compiler/cpu_variants.py)
+            t["cpu_variants"] = [{"cpu": cpu, "requires": list(req)} for cpu, req in cpu_conditions]
             t["cpu_probe"] = out_vmfb_name + cpu_variants.PROBE_SUFFIX
     else:
         a = target.arch_caps

@@ -479,7 +479,8 @@ def _target_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic
 def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:
     # Several CPUs: the module carries its device target (ResolvedTarget.module_target), one
     # executable target per CPU, and iree-compile is given none.
-    flags = [] if len(cpu_variants(arch)) > 1 else [
+    multi = len(cpu_variants(arch)) > 1
+    flags = [] if multi else [
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
         f"--iree-llvmcpu-target-cpu={arch}",
@@ -503,7 +504,6 @@ def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: b
         # first CPU's tile layout, and every other CPU's matmul then repacks it inside its dispatch
         # ("One or more operations with large vector sizes (16384 bytes) were found", x86-64-v4 +
         # x86-64-v3); the global-opt route compiles and runs both.
-        multi = len(cpu_variants(arch)) > 1
         flags.append("--iree-global-opt-data-tiling=true" if dynamic or multi else "--iree-opt-data-tiling=true")
     if dtype in ("bf16", "f16", "fp8"):
         # Weights stored narrower than they are computed: without this IREE writes a widened copy of

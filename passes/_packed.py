@@ -74,7 +74,8 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
         decoders.update(set(node.users) - before)
         return f
 
-    for wt, product in _transposed_uses(node):
+    uses, chain = _transposed_uses(node)
+    for wt, product in uses:
         x = _one_row_input(product, wt, k)
         if x is None:
             continue
@@ -96,7 +97,9 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
                 spec.arg.name = y.name
         graph.erase_node(product)
         rows += 1
-    _erase_dead_chains(graph, node)
+    for dead in reversed(chain):  # the casts and transposes the rewritten products no longer read
+        if not dead.users:
+            graph.erase_node(dead)
     for user in [u for u in node.users if u.target == _aten.embedding.default and u.args[0] is node]:
         with graph.inserting_before(user):
             # Row r's codes are P[r // 8, :, r % 8]: gather the whole group of 8 rows as one table
@@ -150,38 +153,23 @@ def _is_cast(node) -> bool:
     return node.target == _aten._to_copy.default and set(node.kwargs) == {"dtype"} and node.kwargs["dtype"] == torch.float32
 
 
-def _transposed_uses(node):
-    """(w.T as the product sees it, the product) for each product reached from the weight through one
-    transpose, with an f32 cast before or after it (a narrow weight in an f32 program)."""
-    out = []
+def _transposed_uses(node) -> tuple[list, list]:
+    """((w.T as the product sees it, the product) for each product reached from the weight through
+    one transpose, with an f32 cast before or after it (a narrow weight in an f32 program); the
+    casts and transposes on the way, weight side first)."""
+    uses, chain = [], []
     starts = [node] + [u for u in node.users if _is_cast(u)]
+    chain.extend(starts[1:])
     for start in starts:
         for t in [u for u in start.users if _is_transpose(u)]:
+            chain.append(t)
             for user in list(t.users):
                 if _is_cast(user):
-                    out.extend((user, p) for p in list(user.users))
+                    chain.append(user)
+                    uses.extend((user, p) for p in list(user.users))
                 else:
-                    out.append((t, user))
-    return out
-
-
-def _erase_dead_chains(graph, node) -> None:
-    """The casts and transposes between the weight and the products rewritten away, once unused."""
-    changed = True
-    while changed:
-        changed = False
-        for n in list(graph.nodes):
-            if not n.users and (_is_cast(n) or _is_transpose(n)) and _reaches_from(n, node):
-                graph.erase_node(n)
-                changed = True
-
-
-def _reaches_from(n, node) -> bool:
-    while n is not node:
-        if not (_is_cast(n) or _is_transpose(n)) or not isinstance(n.args[0], torch.fx.Node):
-            return False
-        n = n.args[0]
-    return True
+                    uses.append((t, user))
+    return uses, chain
 
 
 def _is_transpose(node) -> bool:

@@ -9,13 +9,15 @@ Produces: per output channel (row) s = amax|w_row| / 448 (or one s per tensor wi
           "tensor"`), q = e4m3fn(w / s) rounded to nearest even, stored as an int8 parameter with the
           same bits; s is an f32 buffer `<name>_fp8_scale` ([rows, 1]). Where the weight was used:
               w' = decode(q) * s     in the program's compute dtype (f32 on cpu, f16 on GPUs)
-          On cpu (software decode) a linear weight [N, K] with N % 8 == 0 is stored packed,
-          P[N/8, K, 8] (P[b, k, j] = q[8b + j, k]), and `x @ w.T` with one row of x becomes
+          On cpu (software decode) every weight a matrix product reads is stored packed,
+          P[ceil(N/8), K, 8] (P[b, k, j] = q[8b + j, k], rows padded with zeros), and its uses are
+          rewritten by passes/_packed.py: `x @ w.T` with one row of x becomes
               (x.view(1, K/4, 4, 1) * decode(P).view(N/8, K/4, 4, 8)).sum(1).sum(1).view(1, N) * s.T
           (+ bias for addmm; K % 4 != 0 keeps one partial sum per channel), which IREE compiles to a
-          transpose-free vectorized reduction with 4 independent accumulators (docs/targets.md); every other
-          use reads decode(P) * s unpacked to [N, K]. Same values: only the summation order of the
-          f32 dot product differs from the matmul's.
+          transpose-free vectorized reduction with 4 independent accumulators (docs/targets.md); an
+          embedding of a tied table gathers its rows' codes from P; every other use reads
+          decode(P) * s unpacked to [N, K]. Same values: only the summation order of the f32 dot
+          product differs from the matmul's.
           decode is chosen from the arch's capabilities (compiler/targets.py `fp8`):
             - "e4m3fnuz" native (gfx942): the FN bits are converted to FNUZ losslessly (same bits,
               value halved: the scale doubles; 0x80, FN's -0, becomes 0x00, FNUZ's +0) and viewed
@@ -201,8 +203,8 @@ class Fp8WeightsPass(GraphPass):
         def rows_dec(g, codes, ids):
             return _emit_decode(g, codes, g.call_function(_aten.embedding.default, (scale_node, ids)), flavour, compute)
 
-        return _packed.rewrite_uses(graph, node, shape, lambda g, codes: _emit_decode_bits(g, codes), outputs,
-                                    scale=scale, per_row=per_row, rows_dec=rows_dec)
+        return _packed.rewrite_uses(graph, node, shape, _emit_decode_bits, outputs, scale=scale, per_row=per_row,
+                                    rows_dec=rows_dec)
 
     @staticmethod
     def _decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale) -> None:

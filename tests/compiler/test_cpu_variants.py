@@ -113,8 +113,32 @@ def test_info_lists_the_variants(portable):
 def test_missing_probe_is_a_clear_error(portable, tmp_path):
     for f in (portable.vmfb, portable.params, portable.manifest):
         (tmp_path / f.name).write_bytes(f.read_bytes())
-    with pytest.raises(RuntimeLoadError, match=r"mlp\.cpu-probe\.vmfb: the CPU probe .* is missing; keep it beside mlp\.vmfb"):
+    with pytest.raises(RuntimeLoadError, match=r"mlp\.cpu-probe\.vmfb: the CPU probe .* is missing; keep it beside mlp\.vmfb") as e:
         llmc.load(tmp_path / portable.vmfb.name)
+    assert e.value.exit_code == 2
+
+
+def test_a_broken_probe_is_a_clear_error(portable, tmp_path, monkeypatch):
+    for f in (portable.vmfb, portable.params, portable.manifest):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / ("mlp" + cpu_variants.PROBE_SUFFIX)).write_bytes(b"not an IREE module")
+    monkeypatch.setattr(rt_module, "_CPU_DATA_READY", False)  # as in a fresh process
+    mod = llmc.load(tmp_path / portable.vmfb.name)
+    with pytest.raises(RuntimeLoadError, match=r"mlp\.cpu-probe\.vmfb: IREE could not run the CPU probe: ") as e:
+        mod._vm_module_handle()
+    assert e.value.exit_code == 2 and "\n" not in str(e.value)
+    assert rt_module._CPU_DATA_READY is False  # a failed probe is not taken as done
+
+
+def test_cli_refuses_a_bad_cpu_list_in_one_line(tmp_path):
+    pt2 = tmp_path / "mlp.pt2"
+    torch.export.save(torch.export.export(_mlp(), (torch.randn(4, 64),)), pt2)
+    proc = subprocess.run([sys.executable, "-m", "llmc.compiler.cli", "compile", str(pt2), "--arch", "x86-64-v3,x86-64-v3",
+                           "-o", str(tmp_path / "out.vmfb")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "--arch='x86-64-v3,x86-64-v3' names a CPU twice" in proc.stderr
+    assert not list(tmp_path.glob("out*"))
 
 
 def test_single_cpu_rebuild_removes_the_probe(tmp_path):
