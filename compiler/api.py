@@ -38,6 +38,7 @@ def compile_model(
     fp8_exclude: tuple[str, ...] = (),
     fp8_scales: str = "channel",
     fp8_embeddings: bool = False,
+    cpu_dispatch: str = "modules",
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
 
@@ -56,12 +57,17 @@ def compile_model(
     fp8_exclude / fp8_scales (--dtype fp8): weight names (fnmatch patterns, e.g. "lm_head.*") kept in
     the compute dtype; one scale per output channel ("channel") or per tensor ("tensor");
     fp8_embeddings: embedding tables in fp8 too.
+    cpu_dispatch: with several CPUs in `arch` (e.g. "portable"): "modules" writes one .vmfb per CPU
+    sharing the .irpa (NAME.vmfb is the last CPU's, NAME.<cpu>.vmfb the others'; llmc.load runs the
+    best this CPU can), "variants" one .vmfb with an executable variant per CPU (IREE picks at load;
+    no data tiling in IREE 3.13, so f32 matmuls are slower).
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,
         dump_ir=Path(dump_ir) if dump_ir is not None else None, repro_dir=Path(repro_dir) if repro_dir is not None else None,
         extra_iree_flags=tuple(extra_iree_flags), quiet=quiet, max_seq_len=max_seq_len, config=config,
         fp8_exclude=tuple([fp8_exclude] if isinstance(fp8_exclude, str) else fp8_exclude), fp8_scales=fp8_scales, fp8_embeddings=fp8_embeddings,
+        cpu_dispatch=cpu_dispatch,
     )
     opts.resolve()  # bad target, dtype or fp8 options fail before anything is loaded
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():

@@ -242,7 +242,7 @@ def bisect_llm(
         started = time.perf_counter()
         plan = pipeline.build(probe)
         reports.append(_bisect_program(entry.exported, f"{path.name}:{entry.function}", probe, plan, inputs[entry.function],
-                                       seed, out_dir / entry.function, progress, started))
+                                       seed, out_dir / entry.function, progress, started, tied=entry.tied or ()))
     return reports
 
 
@@ -253,12 +253,13 @@ def _check_out_dir(out_dir: Path) -> None:
         raise UsageError(f"-o {out_dir}: parent directory {out_dir.parent} does not exist")
 
 
-def _bisect_program(exported, model_name: str, probe, plan, given_inputs, seed: int, out_dir: Path, progress, started: float) -> BisectReport:
+def _bisect_program(exported, model_name: str, probe, plan, given_inputs, seed: int, out_dir: Path, progress, started: float,
+                    tied=()) -> BisectReport:
     """The search over one exported program (see the module docstring)."""
     # The search runs over the program after the graph passes (the op set iree-compile sees); each
     # attempt then lowers a sub-program of it through compiler/lower.py without rerunning them.
     dtype = probe.dtype
-    program = pipeline.run_graph(plan, exported.program)
+    program = pipeline.run_graph(plan, exported.program, tied_outputs=tied)
     exported = export.Exported(program, exported.strip_prefix)
     resolved = probe.for_shapes(export.is_dynamic(program))
     runs_here = resolved.caps.runs_here
@@ -387,7 +388,11 @@ def _export_one_op(gm, args, s: Session):
     try:
         with torch.no_grad():
             ep = torch.export.export(gm, args, strict=False)
-        return pipeline.run_graph(pipeline.build(s.resolved), ep)
+        plan = pipeline.build(s.resolved)
+        # One op's outputs are intermediate values, compared in the compute dtype: not cast like the
+        # program's own outputs (passes/bf16_outputs.py).
+        plan.graph = [p for p in plan.graph if p.name != "bf16-outputs"]
+        return pipeline.run_graph(plan, ep)
     except Exception as e:  # the op doesn't re-export on its own: fall back to the cut graph
         s.log(f"the culprit does not export on its own ({type(e).__name__}: {short(str(e), 100)}); keeping its context")
         return None

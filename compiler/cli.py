@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--iree-flag", action="append", default=[], metavar="FLAG", help="extra iree-compile flag, repeatable (e.g. --iree-flag=--iree-opt-level=O3)")
     c.add_argument("--fp8-exclude", action="append", default=[], metavar="PATTERN", help="--dtype fp8: keep weights whose name matches (fnmatch, e.g. 'lm_head.*') in the compute dtype; repeatable")
     c.add_argument("--fp8-scales", choices=("channel", "tensor"), default="channel", help="--dtype fp8: one scale per output channel (default) or per tensor")
+    c.add_argument("--cpu-dispatch", choices=("modules", "variants"), default="modules", help="several CPUs in --arch: one .vmfb per CPU sharing the .irpa, llmc.load runs the best (modules, the default), or one .vmfb with a variant per executable, IREE picks (variants; no data tiling in IREE 3.13)")
     c.add_argument("--fp8-embeddings", action="store_true", help="--dtype fp8: embedding tables in fp8 too (one scale per row; only the gathered rows are decoded)")
     c.add_argument("--json", action="store_true", help="print the artifact paths and manifest summary as JSON")
     _add_common(c)
@@ -174,7 +175,7 @@ def cmd_compile(args) -> int:
     from llmc.compiler import targets
 
     # Cheap checks first: a wrong flag or path answers before torch is imported (compile_model checks again).
-    targets.resolve(args.target, args.arch, args.dtype, extra_flags=tuple(args.iree_flag))
+    targets.resolve(args.target, args.arch, args.dtype, extra_flags=tuple(args.iree_flag), cpu_dispatch=args.cpu_dispatch)
     if not Path(args.model).exists():
         raise UsageError(f"{args.model}: no such file or directory")
     from llmc.compiler.api import compile_model
@@ -191,6 +192,7 @@ def cmd_compile(args) -> int:
         fp8_exclude=tuple(args.fp8_exclude),
         fp8_scales=args.fp8_scales,
         fp8_embeddings=args.fp8_embeddings,
+        cpu_dispatch=args.cpu_dispatch,
     )
     # compile_model validates the path, target and output before any work; Llama checkpoints
     # (Meta .pth + params.json, HF folders) become a prefill + decode module (compiler/llm.py).
@@ -295,6 +297,8 @@ def cmd_info(args) -> int:
         text = ", ".join(f"{cpu} (if {'+'.join(f for f in req if f not in base)})" if req else f"{cpu} (otherwise)" for cpu, req in variants)
         here = chosen_variant(variants, lambda f: host_has(have, f)) if have is not None else None
         print(f"variants: {text}; this CPU runs {here or 'unknown (no /proc/cpuinfo)'}")
+        if t.get("cpu_modules"):
+            print(f"modules:  {', '.join(f'{cpu}: {f}' for cpu, f in t['cpu_modules'].items())} (one per CPU, sharing the parameters)")
     print(f"code:     {code.summary()}")
     for name, ep in m["entry_points"].items():
         print(f"entry:    {name}({', '.join(_grouped(_arg_text(e) for e in ep['inputs']))})")

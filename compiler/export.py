@@ -52,18 +52,23 @@ def convert_module(model: nn.Module, dtype: torch.dtype, keep_narrow_linears: bo
     deepcopy memo maps each of them straight to its converted version (a bf16 copy of an f32 model
     costs half the model, not a full f32 copy on top).
 
-    keep_narrow_linears: nn.Linear weights narrower than `dtype` keep their dtype (not one an
-    nn.Embedding shares: a gathered row would carry the narrow dtype into the activations). For
-    `--dtype fp8` with f32 math: the fp8 pass quantizes each weight from its own bf16 values (the
-    same numbers as the widened copy's), so a bf16 8B checkpoint is never widened to 32 GB of f32;
-    the export records the mixed-dtype product and the dtype-harmony pass casts it.
+    keep_narrow_linears: nn.Linear weights narrower than `dtype` keep their dtype, and so do nn.Embedding
+    tables when the model says it casts the gathered rows itself (`casts_embedding_rows`, llmc's
+    Llama); otherwise a table, and a linear weight an embedding shares, is converted (a gathered row
+    would carry the narrow dtype into the activations). For weights stored narrower than the math
+    (`--dtype fp8`, and bf16 computed in f32): the fp8 pass quantizes each weight from its own bf16
+    values and the bf16 pass stores their bits, the same numbers as a widened copy's, so a bf16 8B
+    checkpoint is never widened to 32 GB of f32; the export records the mixed-dtype product and the
+    dtype-harmony pass casts it.
     """
     keep = set()
     if keep_narrow_linears:
-        shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+        tables = getattr(model, "casts_embedding_rows", False)
+        kinds = (nn.Linear, nn.Embedding) if tables else (nn.Linear,)
+        shared = set() if tables else {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
         keep = {
             id(m.weight) for m in model.modules()
-            if isinstance(m, nn.Linear) and id(m.weight) not in shared and m.weight.is_floating_point()
+            if isinstance(m, kinds) and id(m.weight) not in shared and m.weight.is_floating_point()
             and m.weight.element_size() < torch.empty((), dtype=dtype).element_size()
         }
     memo = {}

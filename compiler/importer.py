@@ -27,6 +27,7 @@ import torch
 
 from llmc import dtypes
 from llmc.errors import CompileError
+from llmc.passes._scratch import file_mappings, unmodified_file_pages
 
 PARAM_SCOPE = "model"
 
@@ -97,17 +98,9 @@ class _FileBacking:
         self._handles: dict[str, tuple[int, object]] = {}
 
     def _load_maps(self):
-        self._maps = []
-        try:
-            with open("/proc/self/maps") as f:
-                for line in f:
-                    parts = line.split(maxsplit=5)
-                    if len(parts) < 6 or not parts[5].startswith("/") or "w" in parts[1] and "p" not in parts[1]:
-                        continue
-                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                    self._maps.append((lo, hi, int(parts[2], 16), parts[5].strip(), parts[1]))
-        except OSError:
-            pass
+
+        # Shared writable mappings are left out: the file can change under the archive writer.
+        self._maps = [m for m in file_mappings() if not ("w" in m[4] and "p" not in m[4])]
 
     def find(self, ptr: int, nbytes: int):
         import os
@@ -119,45 +112,13 @@ class _FileBacking:
         for lo, hi, off, path, perms in self._maps:
             if lo <= ptr and ptr + nbytes <= hi and perms.startswith("r"):
                 offset = off + (ptr - lo)
-                if not os.path.isfile(path) or not self._unmodified(ptr, nbytes):
+                if not os.path.isfile(path) or not unmodified_file_pages(ptr, nbytes):
                     return None
                 if path not in self._handles:
                     fd = os.open(path, os.O_RDONLY)
                     self._handles[path] = (fd, rt.FileHandle.wrap_fd(fd))
                 return self._handles[path][1], offset
         return None
-
-    @staticmethod
-    def _unmodified(ptr: int, nbytes: int) -> bool:
-        """True when no page of [ptr, ptr + nbytes) was modified since it was mapped from the file.
-
-        A write to a private (copy-on-write) file mapping turns that page into an anonymous page; the
-        kernel's /proc/self/pagemap says so per page (bit 61: file-backed or shared; bit 62: swapped,
-        which only anonymous pages are; bit 63: present). Reading the flags touches no tensor data.
-        Without a readable pagemap, the tensor is treated as modified (copied, never wrong).
-        """
-        import os
-
-        import numpy as np
-
-        page = os.sysconf("SC_PAGE_SIZE")
-        first, last = ptr // page, (ptr + nbytes - 1) // page
-        try:
-            with open("/proc/self/pagemap", "rb") as f:
-                for start in range(first, last + 1, 1 << 20):
-                    count = min(1 << 20, last + 1 - start)
-                    f.seek(start * 8)
-                    flags = np.frombuffer(f.read(count * 8), dtype=np.uint64)
-                    if flags.size != count:
-                        return False
-                    present = (flags >> np.uint64(63)) & np.uint64(1)
-                    swapped = (flags >> np.uint64(62)) & np.uint64(1)
-                    file_page = (flags >> np.uint64(61)) & np.uint64(1)
-                    if np.any(swapped == 1) or np.any((present == 1) & (file_page == 0)):
-                        return False
-        except OSError:
-            return False
-        return True
 
     def close(self):
         import os

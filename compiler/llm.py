@@ -149,7 +149,8 @@ def _default_len(config: LlamaConfig) -> int:
 
 def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool = False) -> list[lower.Entry]:
     """Export prefill and decode over one converted copy of the model, as the module's entry points.
-    keep_narrow_linears: see export.convert_module (fp8: quantized from the checkpoint's own dtype)."""
+    keep_narrow_linears: see export.convert_module (fp8 quantized from the checkpoint's own dtype, bf16
+    weights under f32 math stored as they are)."""
     from torch.export import Dim
 
     tdt = dtypes.compute_torch_dtype(dtype)
@@ -220,7 +221,7 @@ def compile_llm(model, opts: lower.CompileOptions):
         )
 
     with phases.phase("export"):
-        entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=target.dtype == "fp8")
+        entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=target.dtype in ("fp8", "bf16"))
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases)
     llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem))
     return lower.write_artifact(

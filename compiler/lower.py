@@ -57,13 +57,14 @@ class CompileOptions:
     fp8_exclude: tuple[str, ...] = ()  # --dtype fp8: weight names (fnmatch patterns) kept in the compute dtype
     fp8_scales: str = "channel"  # --dtype fp8: "channel" (one scale per output row) or "tensor"
     fp8_embeddings: bool = False  # --dtype fp8: embedding tables too (one scale per row)
+    cpu_dispatch: str = "modules"  # several CPUs in --arch: "modules" or "variants" (compiler/targets.py CPU_DISPATCH)
 
     def resolve(self) -> targets.ResolvedTarget:
         if self.fp8_scales not in ("channel", "tensor"):
             raise UsageError(f"--fp8-scales={self.fp8_scales!r}: choose channel or tensor")
         if (self.fp8_exclude or self.fp8_scales != "channel" or self.fp8_embeddings) and self.dtype != "fp8":
             raise UsageError(f"--fp8-exclude / --fp8-scales / --fp8-embeddings apply to --dtype fp8 only (compiling {self.dtype})")
-        r = targets.resolve(self.target, self.arch, self.dtype, extra_flags=tuple(self.extra_iree_flags))
+        r = targets.resolve(self.target, self.arch, self.dtype, extra_flags=tuple(self.extra_iree_flags), cpu_dispatch=self.cpu_dispatch)
         opts = {"fp8_exclude": tuple(self.fp8_exclude), "fp8_scales": self.fp8_scales, "fp8_embeddings": self.fp8_embeddings}
         opts = opts if self.dtype == "fp8" else {}
         return dataclasses.replace(r, pass_options=tuple(opts.items()))
@@ -151,7 +152,8 @@ def lower_module(
     programs = []
     with phases.phase("graph passes"):
         for e in entries:
-            program = (pipeline.run_graph(plan, e.exported.program, e.function, dump, name_prefix=e.exported.strip_prefix or "")
+            program = (pipeline.run_graph(plan, e.exported.program, e.function, dump, name_prefix=e.exported.strip_prefix or "",
+                                          tied_outputs=e.tied or ())
                        if graph_passes else e.exported.program)
             programs.append(export.Exported(program, e.exported.strip_prefix))
     target = target.for_shapes(any(export.is_dynamic(p.program) for p in programs))
@@ -211,7 +213,7 @@ def write_artifact(
     partial_vmfb = out_vmfb.with_name(f".{name}.partial.vmfb")
     tmp_irpa = artifacts.temp_path(out_irpa) if has_params and params_from is None else None
     manifest_tmp = None
-    probe_dir = None
+    tmp_dir = None  # the CPU probe or the other CPUs' modules, before they are moved into place
     extras: list[tuple[Path | None, Path]] = []  # (source or None, final path)
     extra_tmps: dict[Path, Path] = {}  # final path -> its temp copy
     for src, suffix in extra_files:
@@ -224,6 +226,9 @@ def write_artifact(
             # IREE writes the archive in one call: its growing size on disk is the progress.
             with phases.phase("write parameters", progress=lambda: (tmp_irpa.stat().st_size, store.nbytes)):
                 store.write_irpa(tmp_irpa)
+            # The pass scratch files (passes/_scratch.py) are in the archive now; their mappings outlive them.
+            if getattr(lowered.plan.ctx, "scratch", None) is not None:
+                lowered.plan.ctx.scratch.close()
             hashed = [0]
             size = tmp_irpa.stat().st_size
             with phases.phase("hash parameters", progress=lambda: (hashed[0], size)):
@@ -233,8 +238,10 @@ def write_artifact(
         configure, conditions = None, None
         if len(target.cpus) > 1:
             conditions = targets.cpu_variant_conditions(target.cpus)
-            configure = lambda text: cpu_variants.condition_variants(text, conditions)  # noqa: E731
-        with phases.phase("iree-compile"):
+            if not target.cpu_modules:
+                configure = lambda text: cpu_variants.condition_variants(text, conditions)  # noqa: E731
+        cpu_modules = {}
+        with phases.phase("iree-compile" + (f" ({target.cpus[-1]})" if target.cpu_modules else "")):
             run = iree.compile_mlir(
                 lowered.mlir,
                 partial_vmfb,
@@ -243,21 +250,34 @@ def write_artifact(
                 target_name=target.name,
                 configure=configure,
             )
-            if configure is not None:  # the probe the runtime loads first (compiler/cpu_variants.py)
-                probe_dir = Path(tempfile.mkdtemp(prefix="llmc-probe-"))
-                probe = probe_dir / "probe.vmfb"
+        if target.cpu_modules:
+            # One module per CPU, best first; the main .vmfb is the last (the fallback), each other
+            # CPU's is NAME.<cpu>.vmfb beside it. llmc.load runs the best one the CPU can (runtime/module.py).
+            cpu_modules[target.cpus[-1]] = out_vmfb.name
+            tmp_dir = Path(tempfile.mkdtemp(prefix="llmc-cpu-modules-"))
+            for cpu in target.cpus[:-1]:
+                with phases.phase(f"iree-compile ({cpu})"):
+                    path = tmp_dir / f"{cpu}.vmfb"
+                    iree.compile_mlir(lowered.mlir, path, list(target.for_cpu(cpu).iree_flags),
+                                      repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent, target_name=target.name)
+                cpu_modules[cpu] = f"{name}.{cpu}.vmfb"
+                extras.append((path, out_vmfb.with_name(cpu_modules[cpu])))
+        if configure is not None:  # the probe the runtime loads first (compiler/cpu_variants.py)
+            with phases.phase("iree-compile (cpu probe)"):
+                tmp_dir = Path(tempfile.mkdtemp(prefix="llmc-probe-"))
+                probe = tmp_dir / "probe.vmfb"
                 fallback = targets.resolve("cpu", target.cpus[-1], "f32")
                 iree.compile_mlir(cpu_variants.PROBE_MLIR, probe, list(fallback.iree_flags),
                                   repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent, target_name=target.name)
                 extras.append((probe, out_vmfb.with_name(name + cpu_variants.PROBE_SUFFIX)))
-            else:
-                extras.append((None, out_vmfb.with_name(name + cpu_variants.PROBE_SUFFIX)))
+        else:
+            extras.append((None, out_vmfb.with_name(name + cpu_variants.PROBE_SUFFIX)))
         with phases.phase("write manifest"):
             for src, dest in extras:
                 if src is not None:
                     extra_tmps[dest] = artifacts.temp_path(dest)
                     shutil.copyfile(src, extra_tmps[dest])
-            manifest = _manifest(lowered, source, run, irpa_sha, out_irpa if has_params else None, phases, name, conditions)
+            manifest = _manifest(lowered, source, run, irpa_sha, out_irpa if has_params else None, phases, name, conditions, cpu_modules)
             manifest.update(extra_manifest or {})
             manifest_tmp = artifacts.temp_path(out_json)
             manifest_tmp.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -281,8 +301,8 @@ def write_artifact(
         for p in (tmp_irpa, partial_vmfb, manifest_tmp, *extra_tmps.values()):
             if p is not None and Path(p).exists():
                 Path(p).unlink()
-        if probe_dir is not None:
-            shutil.rmtree(probe_dir, ignore_errors=True)
+        if tmp_dir is not None:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
     log.info("compiled %s in %s", out_vmfb, ", ".join(f"{k} {v:.1f}s" for k, v in phases.timings.items()))
     return Artifact(out_vmfb, out_irpa if has_params else None, out_json)
 
@@ -290,7 +310,9 @@ def write_artifact(
 def target_of(manifest: dict) -> targets.ResolvedTarget:
     """The resolved target an artifact was compiled for, from its manifest (per-layer recompiles with it)."""
     t = manifest["target"]
-    base = targets.resolve(t["name"], t["arch"], manifest["dtype"])
+    # A manifest from before --cpu-dispatch with several CPUs had executable variants (and a probe).
+    dispatch = t.get("cpu_dispatch") or ("variants" if t.get("cpu_variants") else "modules")
+    base = targets.resolve(t["name"], t["arch"], manifest["dtype"], cpu_dispatch=dispatch)
     base = dataclasses.replace(base, pass_options=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in t.get("pass_options", {}).items()))
     # The recorded flags win: whatever the manifest lists beyond llmc's own flags is kept as extra.
     own = {"--iree-input-type=torch", *base.iree_flags, *base.for_shapes(True).iree_flags}
@@ -316,7 +338,7 @@ def _versions() -> dict:
 
 
 def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irpa: Path | None, phases: Phases, out_vmfb_name: str,
-              cpu_conditions: list | None = None) -> dict:
+              cpu_conditions: list | None = None, cpu_modules: dict | None = None) -> dict:
     target, store, signatures = lowered.target, lowered.store, lowered.signatures
     caps = target.caps
     wide = ("float64", "complex128")
@@ -338,9 +360,13 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
         # What a machine needs to run the module: the (last, fallback) CPU's features.
         t["cpu"], features = targets.llvm_cpu_features(target.cpus[-1])
         t["cpu_features"] = list(features)
-        if cpu_conditions:  # several CPUs: what each variant's guard asks for (compiler/cpu_variants.py)
+        if cpu_conditions:  # several CPUs: what each variant asks of the running CPU (compiler/cpu_variants.py)
+            t["cpu_dispatch"] = "modules" if cpu_modules else "variants"
             t["cpu_variants"] = [{"cpu": cpu, "requires": list(req)} for cpu, req in cpu_conditions]
-            t["cpu_probe"] = out_vmfb_name + cpu_variants.PROBE_SUFFIX
+            if cpu_modules:  # one module per CPU: the file of each (the main .vmfb is the last CPU's)
+                t["cpu_modules"] = dict(cpu_modules)
+            else:
+                t["cpu_probe"] = out_vmfb_name + cpu_variants.PROBE_SUFFIX
     else:
         a = target.arch_caps
         t["iree_target"] = a.iree_name or "written into the module (hal.device.targets)"

@@ -38,6 +38,7 @@ GRAPH_PASSES: list[str] = [
     "dtype-harmony",  # mm/addmm with operands of different float dtypes: explicit casts (torch-mlir rejects them)
     "bf16-weights",  # SPIR-V bf16: weights stored as int16 bits, widened with integer ops; f32 math
     "fp8-weights",  # --dtype fp8: linear weights as E4M3 bytes + per-channel scales, decoded where used
+    "bf16-outputs",  # cpu bf16 (f32 math): untied f32 outputs returned in bf16, as eager bf16 returns them
 ]
 IR_PASSES: list[str] = [
     "log10-to-log",  # llvm-cpu links no log10f: log(x) / ln(10)
@@ -79,7 +80,10 @@ def build(target, options: dict | None = None, only: list[str] | None = None) ->
     only: run exactly these passes (in pipeline order when listed there), ignoring gating; llmc-opt's
     `--pass` uses it.
     """
-    ctx = PassContext(target=target, dtype=target.dtype, options={**dict(getattr(target, "pass_options", ())), **dict(options or {})})
+    from llmc.passes._scratch import Scratch
+
+    ctx = PassContext(target=target, dtype=target.dtype, options={**dict(getattr(target, "pass_options", ())), **dict(options or {})},
+                      scratch=Scratch())
     phases = {"source": [], "graph": [], "ir": []}
     skipped = []
     names = [*SOURCE_PASSES, *GRAPH_PASSES, *IR_PASSES]
@@ -131,13 +135,15 @@ def run_source(plan: Plan, gm, dump: Dumper | None = None) -> None:
 
 
 def run_graph(plan: Plan, program: torch.export.ExportedProgram, entry: str = "main", dump: Dumper | None = None,
-              name_prefix: str = ""):
+              name_prefix: str = "", tied_outputs=()):
     """Graph passes on an exported program; returns the program to import. name_prefix: what the
-    importer strips from its parameter names (export.Exported.strip_prefix)."""
+    importer strips from its parameter names (export.Exported.strip_prefix); tied_outputs: the user
+    outputs (by position) returned into an input's buffer."""
     if dump is not None:
         dump(f"{entry}-export", lambda: str(program.graph), ".txt")
     plan.ctx.entry = entry
     plan.ctx.name_prefix = name_prefix
+    plan.ctx.tied_outputs = frozenset(tied_outputs)
     table = base_decompositions()
     merged = [p for p in plan.graph if isinstance(p, DecompositionPass)]
     owner: dict = {}

@@ -75,6 +75,16 @@ def cpu_variants(arch: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in arch.split(","))
 
 
+# How a module built for several CPUs carries their code (--cpu-dispatch):
+#  - "modules": one .vmfb per CPU, all reading the one .irpa; llmc.load runs the best one this CPU can.
+#    Each is exactly the single-CPU build, data tiling included.
+#  - "variants": one .vmfb whose executables have a variant per CPU, chosen by IREE at load. IREE
+#    3.13 gives a module with several executable targets no data tiling (MaterializeHomogeneousEncodings
+#    uses no-op encodings when a function can run on more than one target): f32 prefill ran 0.88-0.90x
+#    the single-CPU build (docs/targets.md).
+CPU_DISPATCH = ("modules", "variants")
+
+
 def cpu_variant_conditions(cpus: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
     """(cpu, features the running CPU must have for its variant) per CPU, best first. Every variant
     but the last is guarded by each IREE-queryable feature it was compiled with; the last is the
@@ -185,6 +195,11 @@ _CPU = ArchCaps(
     int8_dot=False,
     note="LLVM widens bf16/f16 math to f32 unless the CPU has avx512_bf16 / avx512fp16; VNNI gives int8 dot products",
 )
+# bf16 weights on cpu, f32 math (passes/bf16_weights.py): without avx512_bf16 LLVM widens every bf16
+# operand to f32 and rounds every result back, which made bf16 slower than f32 (a data-tiled bf16
+# matmul 1.4 GFLOP/s vs 55 in f32; small Llama prefill 0.39x f32). Stored as bits, a decode step reads
+# 2 bytes per weight and prefill runs the f32 data-tiled matmul (docs/targets.md, bf16 on cpu).
+_CPU_BF16 = _impl("emulated", "bf16 weights as int16 bits (2 bytes read per weight), f32 math and activations", compute="f32")
 _SPIRV_NOTE = "no bf16 arithmetic and no fp8 conversion in IREE's SPIR-V path"
 # bf16 weights stored as their 16 bits (int16) and widened with integer ops, everything else f32: SPIR-V
 # has no bf16 type, IREE 3.13 fails on any bf16 -> f32 conversion there, and its
@@ -240,7 +255,7 @@ TARGETS: dict[str, TargetCaps] = {
         dtypes={
             "f32": _impl("native"),
             "f16": _impl("native", "f16 storage; LLVM widens arithmetic where the CPU lacks f16 math"),
-            "bf16": _impl("native", "bf16 storage; widened to f32 for arithmetic without avx512_bf16"),
+            "bf16": _CPU_BF16,
             "fp8": _impl("emulated", "E4M3 weights as int8 + per-channel f32 scales, software decode, f32 math", compute="f32"),
         },
         runs_here=True,
@@ -349,6 +364,9 @@ class ResolvedTarget:
     dynamic: bool = False
     extra_flags: tuple[str, ...] = ()  # the user's --iree-flag values, after llmc's own (later flags win)
     pass_options: tuple[tuple[str, object], ...] = ()  # what passes read from ctx.options (fp8_exclude, ...)
+    # Several CPUs: "modules" (one .vmfb per CPU, sharing the .irpa; llmc.load picks one) or "variants"
+    # (one .vmfb with an executable variant per CPU; IREE picks at load). See compiler/cpu_variants.py.
+    cpu_dispatch: str = "modules"
 
     @property
     def name(self) -> str:
@@ -365,7 +383,19 @@ class ResolvedTarget:
 
     @property
     def iree_flags(self) -> tuple[str, ...]:
+        """iree-compile's flags; with one module per CPU, those of the main module (the last CPU's)."""
+        if self.cpu_modules:
+            return self.for_cpu(self.cpus[-1]).iree_flags
         return (*_flags(self.caps, self.arch, self.dtype, self.compute_dtype, self.dynamic), *self.extra_flags)
+
+    @property
+    def cpu_modules(self) -> bool:
+        """Several CPUs, each compiled into its own module (cpu_dispatch "modules")."""
+        return self.cpu_dispatch == "modules" and len(self.cpus) > 1
+
+    def for_cpu(self, cpu: str) -> "ResolvedTarget":
+        """The same target for one of its CPUs alone (the flags of that CPU's module)."""
+        return dataclasses.replace(self, arch=cpu, cpu_dispatch="modules")
 
     @property
     def cpus(self) -> tuple[str, ...]:
@@ -377,7 +407,7 @@ class ResolvedTarget:
         """The `hal.device.targets` attribute llmc writes into the module for an arch IREE's table
         lacks (Intel, sm_90) or for several CPUs; None where the flags name the target."""
         if self.caps.backend == "llvm-cpu":
-            return _cpu_module_target(self.cpus) if len(self.cpus) > 1 else None
+            return _cpu_module_target(self.cpus) if len(self.cpus) > 1 and not self.cpu_modules else None
         return _module_target(self.caps.name, self.arch) if not self.arch_caps.iree_name else None
 
     def for_shapes(self, dynamic: bool) -> "ResolvedTarget":
@@ -392,6 +422,7 @@ def resolve(
     dynamic: bool = False,
     extra_flags: tuple[str, ...] = (),
     allow_planned: bool = False,
+    cpu_dispatch: str = "modules",
 ) -> ResolvedTarget:
     """Validate target/arch/dtype (and extra IREE flags). Raises UnsupportedTargetError.
 
@@ -436,31 +467,35 @@ def resolve(
                 )
         if len(set(cpus)) != len(cpus):
             raise UnsupportedTargetError(f"--arch={arch!r} names a CPU twice; list each CPU once, best first")
+    if cpu_dispatch not in CPU_DISPATCH:
+        raise UnsupportedTargetError(f"--cpu-dispatch={cpu_dispatch!r}: choose one of {', '.join(CPU_DISPATCH)}")
     bad = [f for f in extra_flags if not f.startswith("--")]
     if bad:
         raise UnsupportedTargetError(
             f"--iree-flag {bad[0]!r}: IREE flags start with '--', e.g. --iree-flag=--iree-opt-level=O3"
         )
-    return ResolvedTarget(caps, arch, dtype, dynamic, tuple(extra_flags))
+    return ResolvedTarget(caps, arch, dtype, dynamic, tuple(extra_flags), cpu_dispatch=cpu_dispatch)
 
 
-# fp8 weights stay 1 byte per weight in device memory. IREE hoists any computation on constants
-# (parameters included) into load-time initializers when the result grows by at most 1 MiB (its
-# --iree-opt-const-expr-max-size-increase-threshold default): every fp8 weight below ~256K elements
-# would be decoded once at load and kept widened, and the call would run a plain f32/f16 matmul on
-# it. With the threshold at 0 the decode stays in the dispatch that uses the weight.
-_FP8_FLAGS = ["--iree-opt-const-expr-max-size-increase-threshold=0"]
+# fp8 weights (and bf16 ones stored as bits) stay narrow in device memory. IREE hoists any
+# computation on constants (parameters included) into load-time initializers when the result grows
+# by at most 1 MiB (its --iree-opt-const-expr-max-size-increase-threshold default): every fp8 weight
+# below ~256K elements would be decoded once at load and kept widened, and the call would run a plain
+# f32/f16 matmul on it. With the threshold at 0 the decode stays in the dispatch that uses the weight.
+_NARROW_FLAGS = ["--iree-opt-const-expr-max-size-increase-threshold=0"]
 
 
-# On cpu the fp8-weights pass writes a decode step's linear as an elementwise product and a sum over K
-# of packed weights; IREE fuses a producer into a reduction's input (not its init) only with aggressive
-# fusion, and without the fusion each call writes the decoded f32 weight to memory first.
-_FP8_CPU_FLAGS = ["--iree-dispatch-creation-enable-aggressive-fusion=true"]
+# On cpu the fp8-weights and bf16-weights passes write a decode step's linear as an elementwise
+# product and a sum over K of packed weights; IREE fuses a producer into a reduction's input (not its
+# init) only with aggressive fusion, and without the fusion each call writes the decoded f32 weight
+# to memory first.
+_NARROW_CPU_FLAGS = ["--iree-dispatch-creation-enable-aggressive-fusion=true"]
 
 
 def _flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:
-    fp8 = (_FP8_FLAGS + (_FP8_CPU_FLAGS if caps.backend == "llvm-cpu" else [])) if dtype == "fp8" else []
-    return _target_flags(caps, arch, dtype, compute, dynamic) + fp8
+    narrow = dtype == "fp8" or (dtype == "bf16" and compute == "f32")  # weights stored narrower than computed
+    extra = (_NARROW_FLAGS + (_NARROW_CPU_FLAGS if caps.backend == "llvm-cpu" else [])) if narrow else []
+    return _target_flags(caps, arch, dtype, compute, dynamic) + extra
 
 
 def _target_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:

@@ -68,6 +68,15 @@ class PassContext:
     # What the importer strips from the program's parameter names ("llama." of an LLM's entry-point
     # wrapper): a name the user writes (an --fp8-exclude pattern) is the stored, stripped one.
     name_prefix: str = ""
+    # Where a pass puts weights it makes from a memory-mapped checkpoint (passes/_scratch.py `Scratch`);
+    # None: kept in memory.
+    scratch: object | None = None
+    # The entry point's user outputs (by position) returned into their own input buffer (a KV cache).
+    tied_outputs: frozenset = frozenset()
+
+    def keep(self, source, made):
+        """`made`, moved to a scratch file when `source` is memory-mapped (see `scratch`)."""
+        return self.scratch.keep(source, made) if self.scratch is not None else made
 
     def stored_name(self, name: str) -> str:
         return name[len(self.name_prefix):] if self.name_prefix and name.startswith(self.name_prefix) else name
@@ -240,7 +249,13 @@ def once_per_tensor(cache: dict, tensor, make):
     (the importer's ParamStore deduplicates by storage). The cache keeps the source alive so its
     storage address is not reused while the key stands."""
     t = tensor.detach()
-    key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+    key = tensor_key(t)
     if key not in cache:
         cache[key] = (t, make(t))
     return cache[key][1]
+
+
+def tensor_key(t) -> tuple:
+    """What makes two tensors the same weight: storage, offset, shape and strides (tied weights,
+    and one tensor seen by several entry points, have the same key)."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))

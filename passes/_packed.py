@@ -91,11 +91,7 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
                 y = call(_aten.mul.Tensor, (y, call(_aten.view.default, (scale, [1, -1]))))
             if product.target == _aten.addmm.default:
                 y = call(_aten.add.Tensor, (product.args[0], y))
-        product.replace_all_uses_with(y)
-        for spec in outputs:  # the program's outputs are found by node name
-            if getattr(spec.arg, "name", None) == product.name:
-                spec.arg.name = y.name
-        graph.erase_node(product)
+        replace(graph, product, y, outputs)
         rows += 1
     for dead in reversed(chain):  # the casts and transposes the rewritten products no longer read
         if not dead.users:
@@ -116,8 +112,8 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
             where = call(_aten.add.Tensor, (call(_aten.unsqueeze.default, (lane, -1)), steps))  # [*ids, K]
             codes = call(_aten.gather.default, (rows8, -1, where))
             value = rows_dec(graph, codes, ids) if rows_dec is not None else dec(graph, codes)
-        user.replace_all_uses_with(value)
-        graph.erase_node(user)
+        drop_metadata_asserts(graph, user)
+        replace(graph, user, value, outputs)
     rest = [u for u in node.users if u not in decoders]
     if rest:
         # Ahead of the first op, after the scale if that is computed (the order of graph.nodes is
@@ -142,6 +138,24 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
                 user.meta.pop("val", None)
                 user.meta.pop("tensor_meta", None)
     return rows
+
+
+def replace(graph, old, new, outputs) -> None:
+    """Every use of `old` reads `new`, the program's outputs included (found by node name), and
+    `old` is erased."""
+    old.replace_all_uses_with(new)
+    for spec in outputs:
+        if getattr(spec.arg, "name", None) == old.name:
+            spec.arg.name = new.name
+    graph.erase_node(old)
+
+
+def drop_metadata_asserts(graph, node) -> None:
+    """Erase the `aten._assert_tensor_metadata` checks on `node` (torch.export writes one before a
+    `.to(dtype)` of it, asserting the dtype the node had): its replacement has the compute dtype."""
+    for user in list(node.users):
+        if user.op == "call_function" and user.target == _aten._assert_tensor_metadata.default:
+            graph.erase_node(user)
 
 
 def _is_cast(node) -> bool:
@@ -190,3 +204,46 @@ def _one_row_input(product, weight_t, k):
     if val is None or val.dim() != 2 or any(isinstance(d, torch.SymInt) for d in val.shape) or tuple(val.shape) != (1, k):
         return None
     return x
+
+
+# Ops a weight reaches a matrix product through, and the products themselves.
+VIEWS = {
+    _aten.t.default, _aten.permute.default, _aten.transpose.int, _aten.view.default, _aten.reshape.default,
+    _aten._unsafe_view.default, _aten.expand.default, _aten.unsqueeze.default, _aten.clone.default,
+    _aten._to_copy.default, _aten.alias.default, torch.ops.prims.convert_element_type.default,
+}
+PRODUCTS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.matmul.default, _aten.linear.default}
+EMBEDDING = {_aten.embedding.default}
+
+
+def feeds(node, targets, seen=None) -> bool:
+    """Whether `node` reaches an op in `targets` through view-like ops only."""
+    seen = seen if seen is not None else set()
+    for user in node.users:
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.target in targets:
+            return True
+        if user.target in VIEWS and feeds(user, targets, seen):
+            return True
+    return False
+
+
+def propagate_fake(graph, node, scale_node, fake, stored, scale) -> None:
+    """Fake-tensor metadata for the stored weight (`stored`), its scale placeholder (None for none)
+    and every new node without one (torch-mlir's importer reads node.meta['val'])."""
+    mode = getattr(fake, "fake_mode", None)
+    node.meta["val"] = mode.from_tensor(stored, static_shapes=True) if mode is not None else stored
+    if scale_node is not None:
+        scale_node.meta["val"] = mode.from_tensor(scale, static_shapes=True) if mode is not None else scale
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    pending = sorted((n for n in graph.nodes if n.op == "call_function" and "val" not in n.meta), key=order.get)
+    for n in pending:
+        args = torch.fx.node.map_arg(n.args, lambda a: a.meta["val"])
+        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: a.meta["val"])
+        if mode is not None:
+            with mode:
+                n.meta["val"] = n.target(*args, **kwargs)
+        else:
+            n.meta["val"] = n.target(*args, **kwargs)

@@ -53,24 +53,25 @@ _aten = torch.ops.aten
 FN_MAX = 448.0
 SCALE_SUFFIX = "_fp8_scale"  # the scale of weight W is the buffer W + SCALE_SUFFIX
 
-# Ops a weight reaches a matrix product through, and the products themselves.
-_VIEWS = {
-    _aten.t.default, _aten.permute.default, _aten.transpose.int, _aten.view.default, _aten.reshape.default,
-    _aten._unsafe_view.default, _aten.expand.default, _aten.unsqueeze.default, _aten.clone.default,
-    _aten._to_copy.default, _aten.alias.default, torch.ops.prims.convert_element_type.default,
-}
-_PRODUCTS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.matmul.default, _aten.linear.default}
-_EMBEDDING = {_aten.embedding.default}
-
-
 def quantize(w: torch.Tensor, per_channel: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 bits of E4M3FN codes, f32 scale [rows, 1] or [1, 1]) with w ~= decode(bits) * scale."""
-    w = w.detach().float()
+    """(int8 bits of E4M3FN codes, f32 scale [rows, 1] or [1, 1]) with w ~= decode(bits) * scale.
+
+    Works through the rows in blocks of about 2^24 elements, so the f32 temporaries stay near 64 MB
+    whatever the weight (an 8B model's output head is 525M elements: done whole, its f32 copies took
+    8 GB at once). The result is the same as in one piece: every step is per element or per row."""
+    w = w.detach()
     w2 = w.reshape(w.shape[0], -1) if w.dim() > 1 else w.reshape(1, -1)
-    amax = w2.abs().amax(dim=1, keepdim=True) if per_channel else w2.abs().amax().reshape(1, 1)
+    step = max(1, (1 << 24) // max(1, w2.shape[1]))
+    blocks = range(0, w2.shape[0], step)
+    amax = torch.cat([w2[i:i + step].float().abs().amax(dim=1, keepdim=True) for i in blocks])
+    if not per_channel:
+        amax = amax.amax().reshape(1, 1)
     scale = torch.where(amax > 0, amax / FN_MAX, torch.ones_like(amax))
-    q = (w2 / scale).clamp(-FN_MAX, FN_MAX).to(torch.float8_e4m3fn)
-    return q.view(torch.int8).reshape(w.shape), scale
+    q = torch.empty(w2.shape, dtype=torch.int8)
+    for i in blocks:
+        s = scale[i:i + step] if per_channel else scale
+        q[i:i + step] = (w2[i:i + step].float() / s).clamp(-FN_MAX, FN_MAX).to(torch.float8_e4m3fn).view(torch.int8)
+    return q.reshape(w.shape), scale
 
 
 def fn_to_fnuz(bits: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,20 +99,6 @@ def decode_native(bits: torch.Tensor, flavour: str, dtype) -> torch.Tensor:
     return bits.view(f8).to(dtype)
 
 
-def _feeds(node, targets, seen=None) -> bool:
-    """Whether `node` reaches an op in `targets` through view-like ops only."""
-    seen = seen if seen is not None else set()
-    for user in node.users:
-        if user in seen:
-            continue
-        seen.add(user)
-        if user.target in targets:
-            return True
-        if user.target in _VIEWS and _feeds(user, targets, seen):
-            return True
-    return False
-
-
 @register_pass("fp8-weights", Requires(dtypes=("fp8",)))
 class Fp8WeightsPass(GraphPass):
     def run(self, program):
@@ -137,8 +124,8 @@ class Fp8WeightsPass(GraphPass):
             if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dim() != 2:
                 continue
             node = placeholders[spec.arg.name]
-            product = _feeds(node, _PRODUCTS)
-            embedding = _feeds(node, _EMBEDDING)
+            product = _packed.feeds(node, _packed.PRODUCTS)
+            embedding = _packed.feeds(node, _packed.EMBEDDING)
             if not product and not (embedding and embeddings):
                 if embedding:
                     self.stats.decline(name, "embedding table (set fp8_embeddings to quantize it)")
@@ -163,10 +150,10 @@ class Fp8WeightsPass(GraphPass):
             if packed:
                 rows = self._decode_packed_at_uses(graph, node, scale_node, tuple(tensor.shape), per_row=scale.shape[0] != 1,
                                                    outputs=sig.output_specs, flavour=flavour, compute=compute)
-                _propagate_fake(graph, node, scale_node, node.meta.get("val"), stored, scale)
+                _packed.propagate_fake(graph, node, scale_node, node.meta.get("val"), stored, scale)
                 decode = "software, packed" + (f", {rows} one-row product(s) as a reduction" if rows else "")
             else:
-                self._decode_at_uses(graph, node, scale_node, flavour, compute, stored, scale)
+                self._decode_at_uses(graph, node, scale_node, flavour, compute, stored, scale, sig.output_specs)
                 decode = flavour if flavour in ("e4m3fn", "e4m3fnuz") else "software"
             self.stats.rewrite(f"{'per-channel' if per_channel else 'per-tensor'} {decode}")
         if new_specs:
@@ -189,7 +176,7 @@ class Fp8WeightsPass(GraphPass):
             bits, scale = quantize(t, per_channel)
             if flavour == "e4m3fnuz":
                 bits, scale = fn_to_fnuz(bits, scale)
-            return (_packed.pack(bits) if pack else bits), scale, pack
+            return self.ctx.keep(t, _packed.pack(bits) if pack else bits), scale, pack
 
         return once_per_tensor(self.__dict__.setdefault("_done", {}), tensor, make)
 
@@ -207,27 +194,27 @@ class Fp8WeightsPass(GraphPass):
                                     rows_dec=rows_dec)
 
     @staticmethod
-    def _decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale) -> None:
+    def _decode_at_uses(graph, node, scale_node, flavour, compute, bits, scale, outputs) -> None:
         """Matrix products read the whole decoded weight (decoded once, ahead of every use); an
         embedding gathers its rows' bytes and scales first and decodes only those rows."""
         users = list(node.users)
         fake = node.meta.get("val")
         full = None
         for user in users:
-            if user.target in _EMBEDDING and user.args[0] is node:
+            if user.target in _packed.EMBEDDING and user.args[0] is node:
                 with graph.inserting_before(user):
                     rows = graph.call_function(_aten.embedding.default, (node, *user.args[1:]))
                     row_scales = graph.call_function(_aten.embedding.default, (scale_node, *user.args[1:]))
                     value = _emit_decode(graph, rows, row_scales, flavour, compute)
-                user.replace_all_uses_with(value)
-                graph.erase_node(user)
+                _packed.drop_metadata_asserts(graph, user)
+                _packed.replace(graph, user, value, outputs)
                 continue
             if full is None:
                 with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")):
                     full = _emit_decode(graph, node, scale_node, flavour, compute)
             user.replace_input_with(node, full)
         if fake is not None:
-            _propagate_fake(graph, node, scale_node, fake, bits, scale)
+            _packed.propagate_fake(graph, node, scale_node, fake, bits, scale)
 
 
 def _emit_decode_bits(graph, bits_node):
@@ -254,20 +241,3 @@ def _emit_decode(graph, bits_node, scale_node, flavour, compute):
     f = _emit_decode_bits(graph, bits_node)
     value = call(_aten.mul.Tensor, (f, call(_aten.mul.Scalar, (scale_node, 2.0**120))))
     return value if compute == torch.float32 else call(_aten._to_copy.default, (value,), {"dtype": compute})
-
-
-def _propagate_fake(graph, node, scale_node, fake, bits, scale) -> None:
-    """Fake-tensor metadata for the new nodes (torch-mlir's importer reads node.meta['val'])."""
-    mode = getattr(fake, "fake_mode", None)
-    node.meta["val"] = mode.from_tensor(bits, static_shapes=True) if mode is not None else bits
-    scale_node.meta["val"] = mode.from_tensor(scale, static_shapes=True) if mode is not None else scale
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    pending = sorted((n for n in graph.nodes if n.op == "call_function" and "val" not in n.meta), key=order.get)
-    for n in pending:
-        args = torch.fx.node.map_arg(n.args, lambda a: a.meta["val"])
-        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: a.meta["val"])
-        if mode is not None:
-            with mode:
-                n.meta["val"] = n.target(*args, **kwargs)
-        else:
-            n.meta["val"] = n.target(*args, **kwargs)

@@ -219,6 +219,7 @@ class Module:
             raise RuntimeLoadError(
                 f"{self.vmfb.with_suffix('.irpa')}: parameter archive not found; the module's weights live there"
             )
+        self._module_file = self.vmfb  # the .vmfb this CPU runs: another for an artifact with one module per CPU
         self._check_cpu()
         self.device_name = device or self.manifest.get("runtime_device", "local-task")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -238,7 +239,16 @@ class Module:
             raise RuntimeLoadError(
                 f"{self.vmfb}: compiled for {target['machine']}, this machine is {platform.machine()}; recompile here"
             )
-        if target.get("cpu_variants"):
+        if target.get("cpu_modules"):
+            chosen = self.cpu_variant
+            module = self.vmfb.with_name(target["cpu_modules"].get(chosen, self.vmfb.name))
+            if not module.is_file():
+                raise RuntimeLoadError(
+                    f"{module}: the {chosen} module of an artifact built for several CPUs is missing; keep it beside "
+                    f"{self.vmfb.name} (this CPU runs it) or recompile"
+                )
+            self._module_file = module
+        elif target.get("cpu_variants"):
             probe = self.vmfb.with_name(target.get("cpu_probe") or self.vmfb.stem + ".cpu-probe.vmfb")
             if not target.get("cpu_probe") or not probe.is_file():
                 raise RuntimeLoadError(
@@ -280,7 +290,7 @@ class Module:
 
     @property
     def cpu_variant(self) -> str | None:
-        """The CPU whose code runs here, for a module built for several (--arch portable); else None."""
+        """The CPU whose code runs here, for an artifact built for several (--arch portable); else None."""
         variants = self.manifest.get("target", {}).get("cpu_variants")
         if not variants:
             return None
@@ -293,7 +303,7 @@ class Module:
         per process; without it every condition reads false and the slowest variant runs."""
         global _CPU_DATA_READY
         target = self.manifest.get("target", {})
-        if _CPU_DATA_READY or not target.get("cpu_variants"):
+        if _CPU_DATA_READY or not target.get("cpu_variants") or target.get("cpu_modules"):
             return
         import iree.runtime as rt
 
@@ -321,7 +331,7 @@ class Module:
             index.load(str(self.params))
             modules.append(rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope=PARAM_SCOPE)))
         modules.append(rt.create_hal_module(config.vm_instance, config.device))
-        modules.append(rt.VmModule.mmap(config.vm_instance, str(self.vmfb)))
+        modules.append(rt.VmModule.mmap(config.vm_instance, str(self._module_file)))
         return rt.load_vm_modules(*modules, config=config)[-1], config
 
     def _unflatten(self, structure: dict, values: list):

@@ -182,11 +182,19 @@ class Llama(nn.Module):
         m.set_rope_positions(rope_positions or min(config.max_seq_len, 4096))
         return m.eval()
 
+    # An export may keep the embedding table narrower than the activations (a bf16 checkpoint's table
+    # under f32 math, export.convert_module): gathered rows are cast to the norms' dtype, which is
+    # the model's compute dtype. A no-op where the two agree.
+    casts_embedding_rows = True
+
+    def embed(self, tokens):
+        return self.model.embed_tokens(tokens).to(self.model.norm.weight.dtype)
+
     def rope(self, start, end, dtype):
         return self.rope_cos[start:end].to(dtype), self.rope_sin[start:end].to(dtype)
 
     def forward(self, tokens):
-        h = self.model.embed_tokens(tokens)
+        h = self.embed(tokens)
         cos, sin = self.rope(0, tokens.shape[1], h.dtype)
         for layer in self.model.layers:
             h = layer(h, cos, sin)
@@ -231,7 +239,7 @@ class LlamaPrefill(nn.Module):
     def forward(self, tokens, *cache):
         m = self.llama
         s = tokens.shape[1]
-        h = m.model.embed_tokens(tokens)
+        h = m.embed(tokens)
         cos, sin = m.rope(0, s, h.dtype)
         # index_copy (a scatter IREE performs in place), not slice_scatter: torch-mlir 20261001 leaves
         # aten.slice_scatter with a dynamic end unlowered and iree-compile rejects it.
@@ -264,7 +272,7 @@ class LlamaDecode(nn.Module):
     def forward(self, token, attention_mask, *cache):
         m = self.llama
         n = attention_mask.shape[1]
-        h = m.model.embed_tokens(token)
+        h = m.embed(token)
         cos, sin = m.rope(n - 1, n, h.dtype)
         bias = torch.zeros(attention_mask.shape, dtype=h.dtype).masked_fill(attention_mask == 0, float("-inf"))
         bias = bias[:, None, None, :]

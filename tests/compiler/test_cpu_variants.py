@@ -1,8 +1,10 @@
-"""One module for several CPUs (`--arch x86-64-v4,x86-64-v3`, `--arch portable`).
+"""One artifact for several CPUs (`--arch x86-64-v4,x86-64-v3`, `--arch portable`).
 
-Each executable carries a variant per CPU, best first, every one but the last guarded by the CPU
-features it was compiled for (compiler/cpu_variants.py); the runtime fills IREE's CPU data with the
-artifact's probe before loading, so the guards read the real CPU.
+`--cpu-dispatch modules` (the default): one .vmfb per CPU, each the single-CPU build, sharing the
+.irpa; llmc.load runs the best one the CPU can. `--cpu-dispatch variants`: each executable carries a
+variant per CPU, best first, every one but the last guarded by the CPU features it was compiled for
+(compiler/cpu_variants.py); the runtime fills IREE's CPU data with the artifact's probe before
+loading, so the guards read the real CPU.
 """
 
 import json
@@ -29,7 +31,7 @@ def _mlp():
 
 def test_arch_lists_and_presets_resolve_to_cpus_best_first():
     assert targets.resolve("cpu", "portable", "f32").cpus == ("x86-64-v4", "x86-64-v3")
-    t = targets.resolve("cpu", "cascadelake,x86-64-v3", "f32")
+    t = targets.resolve("cpu", "cascadelake,x86-64-v3", "f32", cpu_dispatch="variants")
     assert t.cpus == ("cascadelake", "x86-64-v3")
     # No target flags: the module carries one local device with both executable targets, in order.
     assert not any(f.startswith(("--iree-llvmcpu-target-cpu", "--iree-hal-target-device")) for f in t.iree_flags)
@@ -38,6 +40,14 @@ def test_arch_lists_and_presets_resolve_to_cpus_best_first():
     assert mt.count('#hal.executable.target<"llvm-cpu"') == 2
     assert mt.index('cpu = "cascadelake"') < mt.index('cpu = "x86-64-v3"')
     assert targets.resolve("cpu", "x86-64-v3", "f32").module_target is None  # one CPU: the flags name it
+    # One module per CPU (the default): each is compiled exactly as the single-CPU build.
+    m = targets.resolve("cpu", "cascadelake,x86-64-v3", "f32")
+    assert m.cpu_modules and m.module_target is None
+    assert m.iree_flags == targets.resolve("cpu", "x86-64-v3", "f32").iree_flags
+    assert m.for_cpu("cascadelake").iree_flags == targets.resolve("cpu", "cascadelake", "f32").iree_flags
+    assert "--iree-opt-data-tiling=true" in m.iree_flags
+    with pytest.raises(UnsupportedTargetError, match="--cpu-dispatch='fastest'"):
+        targets.resolve("cpu", "portable", "f32", cpu_dispatch="fastest")
 
 
 @pytest.mark.parametrize("arch, words", [
@@ -83,7 +93,7 @@ def test_condition_text_is_inserted_into_each_guarded_variant():
 @pytest.fixture(scope="module")
 def portable(tmp_path_factory):
     out = tmp_path_factory.mktemp("portable") / "mlp.vmfb"
-    return llmc.compile(_mlp(), (torch.randn(4, 64),), arch="portable", output=out)
+    return llmc.compile(_mlp(), (torch.randn(4, 64),), arch="portable", output=out, cpu_dispatch="variants")
 
 
 def test_portable_module_holds_a_variant_per_cpu_and_runs_right(portable):
@@ -143,7 +153,7 @@ def test_cli_refuses_a_bad_cpu_list_in_one_line(tmp_path):
 
 def test_single_cpu_rebuild_removes_the_probe(tmp_path):
     out = tmp_path / "m.vmfb"
-    llmc.compile(_mlp(), (torch.randn(4, 64),), arch="x86-64-v4,x86-64-v3", output=out)
+    llmc.compile(_mlp(), (torch.randn(4, 64),), arch="x86-64-v4,x86-64-v3", output=out, cpu_dispatch="variants")
     assert (tmp_path / ("m" + cpu_variants.PROBE_SUFFIX)).is_file()
     art = llmc.compile(_mlp(), (torch.randn(4, 64),), arch="x86-64-v3", output=out)
     assert not (tmp_path / ("m" + cpu_variants.PROBE_SUFFIX)).exists()
@@ -168,8 +178,73 @@ def test_a_guard_that_holds_picks_its_variant_only_after_the_probe(tmp_path, mon
     real = targets.cpu_variant_conditions
     monkeypatch.setattr(targets, "cpu_variant_conditions",
                         lambda cpus: [(c, ("avx2",) if f else f) for c, f in real(cpus)])
-    art = llmc.compile(_mlp(), (torch.randn(4, 64),), arch="portable", output=tmp_path / "m.vmfb")
+    art = llmc.compile(_mlp(), (torch.randn(4, 64),), arch="portable", output=tmp_path / "m.vmfb", cpu_dispatch="variants")
     warm = subprocess.run([sys.executable, "-c", _RUN, str(art.vmfb), "warm"], capture_output=True, text=True)
     cold = subprocess.run([sys.executable, "-c", _RUN, str(art.vmfb), "cold"], capture_output=True, text=True)
     assert cold.returncode == 0 and "ran" in cold.stdout, cold.stderr[-2000:]
     assert warm.returncode == -4, (warm.returncode, warm.stdout, warm.stderr[-2000:])  # SIGILL
+
+
+# ---- one module per CPU (--cpu-dispatch modules, the default) -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def per_cpu(tmp_path_factory):
+    out = tmp_path_factory.mktemp("per-cpu") / "mlp.vmfb"
+    return llmc.compile(_mlp(), (torch.randn(4, 64),), arch="portable", output=out)
+
+
+def test_portable_modules_one_per_cpu_share_the_parameters_and_run_right(per_cpu):
+    t = json.loads(per_cpu.manifest.read_text())["target"]
+    assert t["cpu_dispatch"] == "modules" and "cpu_probe" not in t
+    assert t["cpu_modules"] == {"x86-64-v3": "mlp.vmfb", "x86-64-v4": "mlp.x86-64-v4.vmfb"}
+    assert [v["cpu"] for v in t["cpu_variants"]] == ["x86-64-v4", "x86-64-v3"]
+    assert not (per_cpu.vmfb.parent / ("mlp" + cpu_variants.PROBE_SUFFIX)).exists()
+    for name in t["cpu_modules"].values():  # each module: one executable, for its CPU alone
+        info = vmfb.inspect(per_cpu.vmfb.with_name(name))
+        assert [e.format for e in info.executables] == ["embedded-elf-x86_64"] and info.executables[0].valid
+    assert sorted(p.name for p in per_cpu.vmfb.parent.glob("*.irpa")) == ["mlp.irpa"]
+    m = _mlp()
+    x = torch.randn(4, 64)
+    mod = llmc.load(per_cpu.vmfb)
+    with torch.no_grad():
+        torch.testing.assert_close(mod(x), m(x), rtol=1e-5, atol=1e-5)
+    want = "x86-64-v4" if AVX512 else "x86-64-v3"
+    assert mod.cpu_variant == want and mod._module_file.name == t["cpu_modules"][want]
+
+
+def test_info_lists_the_modules(per_cpu):
+    out = subprocess.run([sys.executable, "-m", "llmc.compiler.cli", "info", str(per_cpu.vmfb)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    line = next(l for l in out.stdout.splitlines() if l.startswith("modules:"))
+    assert "x86-64-v4: mlp.x86-64-v4.vmfb" in line and "x86-64-v3: mlp.vmfb" in line
+
+
+def test_missing_cpu_module_is_a_clear_error(per_cpu, tmp_path, monkeypatch):
+    for f in (per_cpu.vmfb, per_cpu.params, per_cpu.manifest):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(rt_module.Module, "cpu_variant", property(lambda self: "x86-64-v4"))  # as on an AVX-512 CPU
+    with pytest.raises(RuntimeLoadError, match=r"mlp\.x86-64-v4\.vmfb: the x86-64-v4 module .* is missing; keep it beside mlp\.vmfb") as e:
+        llmc.load(tmp_path / per_cpu.vmfb.name)
+    assert e.value.exit_code == 2
+
+
+_RUN_MODULES = textwrap.dedent("""
+    import sys, torch, llmc
+    from llmc.runtime import module
+    if sys.argv[2] == "v4":  # as if this CPU had everything the v4 module asks for
+        module.Module.cpu_variant = property(lambda self: "x86-64-v4")
+    m = llmc.load(sys.argv[1])
+    out = m(torch.ones(4, 64))
+    print("ran", m._module_file.name, float(out.sum()))
+""")
+
+
+@pytest.mark.skipif(AVX512 or "avx2" not in HAVE, reason="needs an AVX2 CPU without AVX-512 (AVX-512 code must be illegal here)")
+def test_the_chosen_module_is_the_one_that_runs(per_cpu):
+    """On this AVX2 CPU the v3 module runs; made to pick the v4 module, the process dies of SIGILL
+    (its code uses AVX-512), which shows the load runs the chosen CPU's module and nothing else."""
+    own = subprocess.run([sys.executable, "-c", _RUN_MODULES, str(per_cpu.vmfb), "own"], capture_output=True, text=True)
+    v4 = subprocess.run([sys.executable, "-c", _RUN_MODULES, str(per_cpu.vmfb), "v4"], capture_output=True, text=True)
+    assert own.returncode == 0 and "ran mlp.vmfb" in own.stdout, own.stderr[-2000:]
+    assert v4.returncode == -4, (v4.returncode, v4.stdout, v4.stderr[-2000:])  # SIGILL

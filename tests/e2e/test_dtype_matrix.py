@@ -167,7 +167,7 @@ def _cell(model, tmp_path, target, arch, dtype):
         # The 8 linear weights. Not the spectral-norm W: it reaches its products
         # through a division (only views are followed), so it stays in the compute dtype.
         assert ran["fp8-weights"]["rewrote"] == 8, ran["fp8-weights"]
-        # Decoded where used, not once at load into a widened copy (compiler/targets.py _FP8_FLAGS).
+        # Decoded where used, not once at load into a widened copy (compiler/targets.py _NARROW_FLAGS).
         hoisted = [d for d in info.dispatches if d.startswith("_initializer") and ("i8x" in d or "f8E4M3" in d)]
         assert not hoisted, hoisted
     if target not in ("cpu", "vulkan"):

@@ -1,9 +1,9 @@
 # RUN: %python %s %t.pt2
 # RUN: llmc-opt %t.pt2 --pipeline --target vulkan --dtype bf16 --stats 2> %t.stats | filecheck %s
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
-# RUN: llmc-opt %t.pt2 --pipeline --target cpu --dtype bf16 --stats 2>&1 >/dev/null | filecheck %s --check-prefix=CPU
+# RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx942 --dtype bf16 --stats 2>&1 >/dev/null | filecheck %s --check-prefix=HIP
 # A buffer the program writes is state, not a weight: it stays f32 (the program's compute dtype)
-# while the read-only weight is stored as bf16 bits. On cpu (native bf16 storage) the pass does not run.
+# while the read-only weight is stored as bf16 bits. On hip (native bf16 math) the pass does not run.
 import sys
 
 import torch
@@ -30,6 +30,6 @@ torch.export.save(torch.export.export(M(), (torch.randn(4),)), sys.argv[1])
 # STATS:       "declined": 1
 # STATS:       "mutated by the program
 
-# CPU:         "skipped": [
-# CPU:         "name": "bf16-weights"
-# CPU-NEXT:    "reason": "needs backend vulkan-spirv, target cpu uses llvm-cpu"
+# HIP:         "skipped": [
+# HIP:         "name": "bf16-weights"
+# HIP-NEXT:    "reason": "needs backend vulkan-spirv/llvm-cpu, target hip uses rocm"

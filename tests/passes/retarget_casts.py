@@ -1,8 +1,9 @@
 # RUN: %python %s %t.pt2
-# RUN: llmc-opt %t.pt2 --pipeline --target cpu --dtype bf16 --stats 2> %t.stats | filecheck %s
+# RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx942 --dtype bf16 --stats 2> %t.stats | filecheck %s
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
 # An f32 .pt2 compiled in bf16: the f32 -> f32 casts the export baked in (x.float(), x.to(x.dtype))
-# would hand f32 activations to bf16 weights; they go, so the linear runs in bf16. The int cast stays.
+# would hand f32 activations to bf16 weights; they go, so the linear runs in bf16 (hip: native bf16
+# math). The int cast stays.
 import sys
 
 import torch

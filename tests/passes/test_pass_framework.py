@@ -38,12 +38,13 @@ def test_gating_follows_typed_caps():
     assert [p.name for p in cpu.graph] == ["slice-copy", "decompose-attention", "dtype-harmony"]
     assert cpu.skipped == [
         {"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8, compiling f32"},
-        {"name": "bf16-weights", "reason": "needs backend vulkan-spirv, target cpu uses llvm-cpu"},
+        {"name": "bf16-weights", "reason": "needs dtype bf16, compiling f32"},
         {"name": "fp8-weights", "reason": "needs dtype fp8, compiling f32"},
+        {"name": "bf16-outputs", "reason": "needs dtype bf16, compiling f32"},
     ]
     vk = pipeline.build(targets.resolve("vulkan", None, "bf16"))
     assert [p.name for p in vk.graph] == ["slice-copy", "decompose-attention", "dtype-harmony", "bf16-weights"]
-    assert [s["name"] for s in vk.skipped] == ["fp8-weights", "log10-to-log"]
+    assert [s["name"] for s in vk.skipped] == ["fp8-weights", "bf16-outputs", "log10-to-log"]
     hip = pipeline.build(targets.resolve("hip", "gfx942", "bf16"))
     names = {s["name"]: s["reason"] for s in hip.skipped}
     assert "decompose-attention" in names and "'decompose'" in names["decompose-attention"] and "'fused'" in names["decompose-attention"]

@@ -1,0 +1,75 @@
+"""bf16 on cpu (passes/bf16_weights.py on llvm-cpu): bf16 weights, f32 math, against eager PyTorch.
+
+Checked: a packed linear (rows not a multiple of 8) with one and with several input rows equals the
+same linear on bf16-rounded weights in f32, rounded once to the bf16 it returns; an embedding that is
+itself the program's output equals the rounded table's rows exactly; and the same embedding output
+with fp8 tables compiles for hip (the output is renamed with the node it becomes).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import llmc
+
+
+class _EmbLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 24)
+        self.lin = torch.nn.Linear(24, 20)
+
+    def forward(self, ids):
+        e = self.emb(ids)
+        return self.lin(e), e
+
+
+def _rounded(m):
+    ref = _EmbLinear()
+    ref.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in m.state_dict().items()})
+    return ref
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_packed_linear_and_embedding_output_match_bf16_weights_in_f32(tmp_path, rows):
+    torch.manual_seed(0)
+    m = _EmbLinear().eval()
+    ids = torch.randint(0, 50, (rows,))
+    art = llmc.compile(m, (ids,), dtype="bf16", output=tmp_path / "m.vmfb", quiet=True)
+    stats = {p["name"]: p for p in art.read_manifest()["passes"]}["bf16-weights"]
+    assert stats["rewrote"] == 3 and sum(v for k, v in stats["forms"].items() if k.startswith("packed")) == 1
+    got_y, got_e = llmc.load(art)(ids)
+    with torch.no_grad():
+        want_y, want_e = _rounded(m)(ids)
+    # Returned in bf16 like eager bf16's outputs (passes/bf16_outputs.py), computed in f32.
+    assert got_y.dtype == got_e.dtype == torch.bfloat16
+    assert torch.equal(got_e.float(), want_e)
+    # The f32 result rounded once: within half a bf16 step (2^-9 relative) of the f32 reference,
+    # plus the summation-order difference.
+    assert float((got_y.float() - want_y).abs().max()) <= (2**-9 + 1e-5) * float(want_y.abs().max())
+    with torch.no_grad():
+        assert not torch.equal(m(ids)[1], want_e)  # the rounding is visible: the test can tell
+
+
+def test_fp8_embedding_output_compiles_for_hip(tmp_path):
+    m = _EmbLinear().eval()
+    art = llmc.compile(m, (torch.tensor([1, 2]),), target="hip", arch="gfx942", dtype="fp8", fp8_embeddings=True,
+                       output=tmp_path / "m.vmfb", quiet=True)
+    stats = {p["name"]: p for p in art.read_manifest()["passes"]}["fp8-weights"]
+    assert stats["rewrote"] == 2
+
+
+def test_a_tied_output_stays_f32_and_others_are_bf16(tmp_path):
+    """The Llama's KV cache is returned into its own f32 buffer: the bf16-outputs pass leaves tied
+    outputs alone (compile_llm ties prefill's cache outputs to its cache inputs)."""
+    from llmc.models.llama.config import get_config
+    from llmc.models.llama.model import init_random
+
+    art = llmc.compile(init_random(get_config("tiny"), seed=1), output=tmp_path / "l.vmfb", dtype="bf16", max_seq_len=32, quiet=True)
+    manifest = art.read_manifest()
+    stats = {p["name"]: p for p in manifest["passes"]}["bf16-outputs"]
+    n_cache = 2 * get_config("tiny").n_layers
+    assert stats["rewrote"] == 2 and stats["declined"] == 2 * n_cache  # logits of prefill and decode; every cache output
+    outs = manifest["entry_points"]["prefill"]["outputs"]["children"]
+    assert [o["dtype"] for o in outs] == ["bfloat16"] + ["float32"] * n_cache
