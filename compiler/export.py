@@ -82,6 +82,14 @@ def convert_module(model: nn.Module, dtype: torch.dtype, keep_narrow_linears: bo
     return copy.deepcopy(model, memo)
 
 
+def register_quantized_ops() -> None:
+    """Register the `quantized_decomposed` ops (quantize_per_tensor, dequantize_per_channel, ...):
+    the Q/DQ form of a PT2E-quantized program. torch.export.load cannot rebuild a graph that uses them
+    otherwise, and PyTorch registers them only when torch.ao.quantization.fx._decomposed is imported
+    (torchao imports it; a user who only loads a saved .pt2 has not)."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers the ops on import)
+
+
 def load_pt2(path: Path) -> torch.export.ExportedProgram:
     if not path.exists():
         raise UsageError(f"{path}: no such file")
@@ -91,6 +99,7 @@ def load_pt2(path: Path) -> torch.export.ExportedProgram:
         )
     import logging
 
+    register_quantized_ops()
     # torch logs its own multi-line warning with a traceback before raising; the error below says it.
     torch_log = logging.getLogger("torch.export")
     level = torch_log.level

@@ -1,0 +1,46 @@
+"""A saved PT2E (Q/DQ) program loads without the user importing torchao (issue: int8 models).
+
+The `quantized_decomposed` ops exist only once torch.ao.quantization.fx._decomposed is imported;
+torch.export.load of a graph using them failed ("a zip file but not a loadable torch.export archive").
+compiler/export.py registers them before loading. Both sides run in fresh processes, so nothing this
+test process imported can register the ops for them.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+_WRITE = textwrap.dedent("""
+    import sys, torch
+    import torch.ao.quantization.fx._decomposed  # the writer has them (torchao's convert_pt2e imports this)
+    qd = torch.ops.quantized_decomposed
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("wq", torch.randint(-127, 128, (8, 16), dtype=torch.int8))
+            self.register_buffer("ws", torch.full((8,), 0.01))
+            self.register_buffer("wz", torch.zeros(8, dtype=torch.int64))
+
+        def forward(self, x):
+            xd = qd.dequantize_per_tensor(qd.quantize_per_tensor(x, 0.05, 0, -128, 127, torch.int8), 0.05, 0, -128, 127, torch.int8)
+            w = qd.dequantize_per_channel(self.wq, self.ws, self.wz, 0, -127, 127, torch.int8)
+            return torch.nn.functional.linear(xd, w)
+
+    torch.export.save(torch.export.export(M(), (torch.randn(2, 16),)), sys.argv[1])
+""")
+
+_READ_PLAIN = "import sys, torch; torch.export.load(sys.argv[1])"
+
+
+def test_qdq_pt2_loads_and_imports_in_a_fresh_process(tmp_path):
+    pt2 = tmp_path / "q.pt2"
+    subprocess.run([sys.executable, "-c", _WRITE, str(pt2)], check=True, capture_output=True, timeout=300)
+    # Without the registration torch.export.load fails: what users saw from llmc before.
+    plain = subprocess.run([sys.executable, "-c", _READ_PLAIN, str(pt2)], capture_output=True, text=True, timeout=300)
+    assert plain.returncode != 0 and "quantized_decomposed" in plain.stderr
+    out = subprocess.run([sys.executable, "-m", "llmc.tools.llmc_opt", str(pt2), "--pipeline", "--target", "cpu"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for op in ("quantize_per_tensor", "dequantize_per_tensor", "dequantize_per_channel"):
+        assert f"torch.quantized_decomposed.{op}" in out.stdout
