@@ -149,7 +149,7 @@ class Session:
         except LlmcError as e:
             sig, first = error_signature(str(e))
             return Failure("compile", "passes", sig, first, str(e), None, flags)
-        flags = tuple(lowered.target.iree_flags)
+        flags = tuple(lower.compile_flags(lowered.target, lowered.mlir))
         vmfb = work / "m.vmfb"
         run_here = compare is not None and self.inputs is not None
         try:

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -176,6 +177,22 @@ def lower_module(
     return Lowered(mlir, store, mutable, signatures, plan, target)
 
 
+_KEEP_F64 = "--iree-input-demote-f64-to-f32=false"
+_F64_TENSOR = re.compile(r"tensor<[^>]*f64")  # !torch.vtensor<[4],f64>, tensor<4xf64>, complex<f64> elements
+
+
+def compile_flags(target: targets.ResolvedTarget, mlir: str) -> list[str]:
+    """iree-compile's flags for this program: the target's, without keeping f64 when the program has
+    no f64 tensor. Kept, f64 *scalars* (a float `arange` bound, a PT2E quantization scale: Python
+    floats, f64 in torch-mlir) fail in IREE 3.13: "failed to legalize operation 'arith.truncf' ...
+    (f64) -> f32". Demoted, they are f32, which is what eager PyTorch computes a scalar with against
+    an f32 tensor."""
+    flags = list(target.iree_flags)
+    if _KEEP_F64 in flags and not _F64_TENSOR.search(mlir):
+        flags.remove(_KEEP_F64)
+    return flags
+
+
 def _write_device_targets(module, attr: str) -> None:
     """Put the target IREE's table lacks (Intel profiles, sm_90) on the module as its
     `hal.device.targets`; iree-compile then needs no target flags (compiler/targets.py)."""
@@ -245,7 +262,7 @@ def write_artifact(
             run = iree.compile_mlir(
                 lowered.mlir,
                 partial_vmfb,
-                list(target.iree_flags),
+                compile_flags(target, lowered.mlir),
                 repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent,
                 target_name=target.name,
                 configure=configure,
@@ -258,7 +275,7 @@ def write_artifact(
             for cpu in target.cpus[:-1]:
                 with phases.phase(f"iree-compile ({cpu})"):
                     path = tmp_dir / f"{cpu}.vmfb"
-                    iree.compile_mlir(lowered.mlir, path, list(target.for_cpu(cpu).iree_flags),
+                    iree.compile_mlir(lowered.mlir, path, compile_flags(target.for_cpu(cpu), lowered.mlir),
                                       repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent, target_name=target.name)
                 cpu_modules[cpu] = f"{name}.{cpu}.vmfb"
                 extras.append((path, out_vmfb.with_name(cpu_modules[cpu])))
@@ -396,7 +413,7 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
         "f64": ("kept (--iree-input-demote-f64-to-f32=false)" if target.arch_caps.f64 else "demoted to f32 (the arch has no f64)")
         if uses_f64
         else "not used",
-        "iree_flags": ["--iree-input-type=torch", *target.iree_flags],
+        "iree_flags": ["--iree-input-type=torch", *compile_flags(target, lowered.mlir)],
         "passes": lowered.plan.stats(),
         "passes_skipped": lowered.plan.skipped,
         "entry_points": signatures,

@@ -44,3 +44,32 @@ def test_qdq_pt2_loads_and_imports_in_a_fresh_process(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     for op in ("quantize_per_tensor", "dequantize_per_tensor", "dequantize_per_channel"):
         assert f"torch.quantized_decomposed.{op}" in out.stdout
+
+
+def test_qdq_linear_compiles_and_matches_eager(tmp_path):
+    """The Q/DQ program's quantization scales are Python floats, f64 scalars in torch-mlir; with f64
+    kept IREE 3.13 failed ("failed to legalize operation 'arith.truncf' ... (f64) -> f32"). A program
+    without f64 tensors now compiles with f64 demoted (compiler/lower.py compile_flags); one with f64
+    tensors still keeps them."""
+    import torch
+
+    import llmc
+    from llmc.compiler import export
+
+    pt2 = tmp_path / "q.pt2"
+    subprocess.run([sys.executable, "-c", _WRITE, str(pt2)], check=True, capture_output=True, timeout=300)
+    art = llmc.compile(pt2, output=tmp_path / "q.vmfb")
+    assert "--iree-input-demote-f64-to-f32=false" not in art.read_manifest()["iree_flags"]
+    x = torch.randn(2, 16)
+    want = export.load_pt2(pt2).module()(x)
+    got = llmc.load(art)(x)
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+    class F64(torch.nn.Module):
+        def forward(self, x):
+            return x * 0.5 + 1.0
+
+    art64 = llmc.compile(F64(), (torch.randn(3, dtype=torch.float64),), output=tmp_path / "f64.vmfb")
+    assert "--iree-input-demote-f64-to-f32=false" in art64.read_manifest()["iree_flags"]
+    x64 = torch.tensor([1e-300, 3.0, 1e300], dtype=torch.float64)  # beyond f32: demoted, these would be 0 / inf
+    assert torch.equal(llmc.load(art64)(x64), x64 * 0.5 + 1.0)
