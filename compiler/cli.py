@@ -39,7 +39,7 @@ def _add_target_options(p: argparse.ArgumentParser) -> None:
     from llmc.compiler.targets import DTYPES, TARGETS
 
     p.add_argument("--target", default="cpu", help=f"target: {', '.join(TARGETS)} (default cpu)")
-    p.add_argument("--arch", default=None, help="target architecture (cpu: an LLVM CPU name or 'host', the default; several best first, e.g. x86-64-v4,x86-64-v3, or 'portable': one module that runs each CPU's best code)")
+    p.add_argument("--arch", default=None, help="target architecture (cpu: an LLVM CPU name or 'host', the default; several best first, e.g. x86-64-v4,x86-64-v3, or 'portable': one artifact that runs each CPU's best code, see --cpu-dispatch)")
     p.add_argument("--dtype", default="f32", help=f"weight and compute dtype: {', '.join(DTYPES)} (default f32)")
 
 
@@ -298,7 +298,8 @@ def cmd_info(args) -> int:
         here = chosen_variant(variants, lambda f: host_has(have, f)) if have is not None else None
         print(f"variants: {text}; this CPU runs {here or 'unknown (no /proc/cpuinfo)'}")
         if t.get("cpu_modules"):
-            print(f"modules:  {', '.join(f'{cpu}: {f}' for cpu, f in t['cpu_modules'].items())} (one per CPU, sharing the parameters)")
+            stem = Path(vmfb).stem
+            print(f"modules:  {', '.join(f'{cpu}: {stem}{f}' for cpu, f in t['cpu_modules'].items())} (one per CPU, sharing the parameters)")
     print(f"code:     {code.summary()}")
     for name, ep in m["entry_points"].items():
         print(f"entry:    {name}({', '.join(_grouped(_arg_text(e) for e in ep['inputs']))})")

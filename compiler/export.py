@@ -45,14 +45,15 @@ class CastInputs(nn.Module):
         return self.model(*args, **kwargs)
 
 
-def convert_module(model: nn.Module, dtype: torch.dtype, keep_narrow_linears: bool = False) -> nn.Module:
+def convert_module(model: nn.Module, dtype: torch.dtype, keep_narrow_linears: bool | tuple = False) -> nn.Module:
     """A copy of `model` whose f32/f16/bf16 parameters and buffers are in `dtype`.
 
     The user's module is left untouched, and the original-precision tensors are not copied: the
     deepcopy memo maps each of them straight to its converted version (a bf16 copy of an f32 model
     costs half the model, not a full f32 copy on top).
 
-    keep_narrow_linears: nn.Linear weights narrower than `dtype` keep their dtype, and so do nn.Embedding
+    keep_narrow_linears: nn.Linear weights narrower than `dtype` (True: of any dtype; a tuple: of those
+    dtypes only) keep their dtype, and so do nn.Embedding
     tables when the model says it casts the gathered rows itself (`casts_embedding_rows`, llmc's
     Llama); otherwise a table, and a linear weight an embedding shares, is converted (a gathered row
     would carry the narrow dtype into the activations). For weights stored narrower than the math
@@ -70,6 +71,7 @@ def convert_module(model: nn.Module, dtype: torch.dtype, keep_narrow_linears: bo
             id(m.weight) for m in model.modules()
             if isinstance(m, kinds) and id(m.weight) not in shared and m.weight.is_floating_point()
             and m.weight.element_size() < torch.empty((), dtype=dtype).element_size()
+            and (keep_narrow_linears is True or m.weight.dtype in keep_narrow_linears)
         }
     memo = {}
     for t in list(model.parameters()) + list(model.buffers()):

@@ -147,7 +147,7 @@ def _default_len(config: LlamaConfig) -> int:
     return min(config.max_seq_len, DEFAULT_MAX_SEQ_LEN)
 
 
-def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool = False) -> list[lower.Entry]:
+def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool | tuple = False) -> list[lower.Entry]:
     """Export prefill and decode over one converted copy of the model, as the module's entry points.
     keep_narrow_linears: see export.convert_module (fp8 quantized from the checkpoint's own dtype, bf16
     weights under f32 math stored as they are)."""
@@ -190,6 +190,20 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
     return entries
 
 
+def _kept_narrow(target) -> bool | tuple:
+    """Which checkpoint weights stay narrower than the compute dtype through export: fp8 quantizes from
+    any (bf16, f16); cpu bf16 stores bf16 ones as their bits (an f16 weight is converted, so it is
+    rounded to bf16 like the rest). SPIR-V bf16 converts everything: its bf16 pass widens bf16 weights
+    without the packed rewrite, and a kept bf16 linear left bf16 metadata behind its transposes
+    ("'tensor.cast' op operand type 'tensor<64x64xf32>' and result type 'tensor<64x64xbf16>' are cast
+    incompatible")."""
+    if target.dtype == "fp8":
+        return True
+    if target.dtype == "bf16" and target.compute_dtype == "f32" and target.caps.backend == "llvm-cpu":
+        return (torch.bfloat16,)
+    return False
+
+
 def compile_llm(model, opts: lower.CompileOptions):
     """Compile a Llama checkpoint (Meta .pth + params.json, or an HF folder) or an llmc `Llama`."""
     target = opts.resolve()
@@ -221,7 +235,7 @@ def compile_llm(model, opts: lower.CompileOptions):
         )
 
     with phases.phase("export"):
-        entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=target.dtype in ("fp8", "bf16"))
+        entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target))
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases)
     llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem))
     return lower.write_artifact(

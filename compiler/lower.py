@@ -270,15 +270,19 @@ def write_artifact(
         if target.cpu_modules:
             # One module per CPU, best first; the main .vmfb is the last (the fallback), each other
             # CPU's is NAME.<cpu>.vmfb beside it. llmc.load runs the best one the CPU can (runtime/module.py).
-            cpu_modules[target.cpus[-1]] = out_vmfb.name
+            cpu_modules[target.cpus[-1]] = ".vmfb"  # suffixes of the artifact's stem: renaming it keeps them found
             tmp_dir = Path(tempfile.mkdtemp(prefix="llmc-cpu-modules-"))
             for cpu in target.cpus[:-1]:
                 with phases.phase(f"iree-compile ({cpu})"):
                     path = tmp_dir / f"{cpu}.vmfb"
                     iree.compile_mlir(lowered.mlir, path, compile_flags(target.for_cpu(cpu), lowered.mlir),
                                       repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent, target_name=target.name)
-                cpu_modules[cpu] = f"{name}.{cpu}.vmfb"
-                extras.append((path, out_vmfb.with_name(cpu_modules[cpu])))
+                cpu_modules[cpu] = f".{cpu}.vmfb"
+                extras.append((path, out_vmfb.with_name(name + cpu_modules[cpu])))
+        for old in out_vmfb.parent.glob(f"{name}.*.vmfb"):  # another CPU's module from an earlier compile
+            cpu = old.name[len(name) + 1:-len(".vmfb")]
+            if cpu in targets.X86_CPUS and cpu not in cpu_modules:
+                extras.append((None, old))
         if configure is not None:  # the probe the runtime loads first (compiler/cpu_variants.py)
             with phases.phase("iree-compile (cpu probe)"):
                 tmp_dir = Path(tempfile.mkdtemp(prefix="llmc-probe-"))
@@ -380,7 +384,7 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
         if cpu_conditions:  # several CPUs: what each variant asks of the running CPU (compiler/cpu_variants.py)
             t["cpu_dispatch"] = "modules" if cpu_modules else "variants"
             t["cpu_variants"] = [{"cpu": cpu, "requires": list(req)} for cpu, req in cpu_conditions]
-            if cpu_modules:  # one module per CPU: the file of each (the main .vmfb is the last CPU's)
+            if cpu_modules:  # one module per CPU: each file's suffix after the stem (the main .vmfb is the last CPU's)
                 t["cpu_modules"] = dict(cpu_modules)
             else:
                 t["cpu_probe"] = out_vmfb_name + cpu_variants.PROBE_SUFFIX

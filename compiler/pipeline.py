@@ -36,7 +36,7 @@ GRAPH_PASSES: list[str] = [
     "slice-copy",  # torch-mlir has no aten.slice_copy lowering
     "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
     "dtype-harmony",  # mm/addmm with operands of different float dtypes: explicit casts (torch-mlir rejects them)
-    "bf16-weights",  # SPIR-V bf16: weights stored as int16 bits, widened with integer ops; f32 math
+    "bf16-weights",  # SPIR-V and cpu bf16: weights stored as int16 bits, widened with integer ops; f32 math
     "fp8-weights",  # --dtype fp8: linear weights as E4M3 bytes + per-channel scales, decoded where used
     "bf16-outputs",  # cpu bf16 (f32 math): untied f32 outputs returned in bf16, as eager bf16 returns them
 ]

@@ -147,3 +147,4 @@ class Scratch:
     def close(self) -> None:
         if self._finalizer is not None:
             self._finalizer()
+        self._dir, self._finalizer = None, None  # a later keep() starts a new folder

@@ -158,6 +158,9 @@ class EntryPoint:
             dtype_name = dtypes.numpy_name(arr)
         else:
             raise InputError(f"{where}: expected a torch tensor or numpy array, got {type(v).__name__}")
+        if dtype_name == "bfloat16" and e["dtype"] == "float32" and self._module.widens_bf16_inputs:
+            # --dtype bf16 computed in f32 (cpu, SPIR-V): a bf16 input, as eager bf16 takes, widened exactly.
+            arr, dtype_name = dtypes.to_numpy(v.float()), "float32"
         if dtype_name != e["dtype"]:
             raise InputError(f"{where}: expected dtype {e['dtype']}, got {dtype_name} (shape {list(arr.shape)})")
         shape = list(arr.shape)
@@ -241,7 +244,7 @@ class Module:
             )
         if target.get("cpu_modules"):
             chosen = self.cpu_variant
-            module = self.vmfb.with_name(target["cpu_modules"].get(chosen, self.vmfb.name))
+            module = self.vmfb.with_name(self.vmfb.stem + target["cpu_modules"].get(chosen, ".vmfb"))
             if not module.is_file():
                 raise RuntimeLoadError(
                     f"{module}: the {chosen} module of an artifact built for several CPUs is missing; keep it beside "
@@ -287,6 +290,11 @@ class Module:
                     log.warning("%s: the Vulkan device was lost while loading (%s); retrying once on a new device",
                                 self.vmfb, first_line(e))
         return self._vm
+
+    @property
+    def widens_bf16_inputs(self) -> bool:
+        """A --dtype bf16 module computed in f32: its f32 inputs take bf16 tensors too."""
+        return self.manifest.get("dtype") == "bf16" and self.manifest.get("compute_dtype") == "f32"
 
     @property
     def cpu_variant(self) -> str | None:

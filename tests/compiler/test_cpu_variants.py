@@ -197,11 +197,11 @@ def per_cpu(tmp_path_factory):
 def test_portable_modules_one_per_cpu_share_the_parameters_and_run_right(per_cpu):
     t = json.loads(per_cpu.manifest.read_text())["target"]
     assert t["cpu_dispatch"] == "modules" and "cpu_probe" not in t
-    assert t["cpu_modules"] == {"x86-64-v3": "mlp.vmfb", "x86-64-v4": "mlp.x86-64-v4.vmfb"}
+    assert t["cpu_modules"] == {"x86-64-v3": ".vmfb", "x86-64-v4": ".x86-64-v4.vmfb"}  # after the artifact's stem
     assert [v["cpu"] for v in t["cpu_variants"]] == ["x86-64-v4", "x86-64-v3"]
     assert not (per_cpu.vmfb.parent / ("mlp" + cpu_variants.PROBE_SUFFIX)).exists()
-    for name in t["cpu_modules"].values():  # each module: one executable, for its CPU alone
-        info = vmfb.inspect(per_cpu.vmfb.with_name(name))
+    for suffix in t["cpu_modules"].values():  # each module: one executable, for its CPU alone
+        info = vmfb.inspect(per_cpu.vmfb.with_name("mlp" + suffix))
         assert [e.format for e in info.executables] == ["embedded-elf-x86_64"] and info.executables[0].valid
     assert sorted(p.name for p in per_cpu.vmfb.parent.glob("*.irpa")) == ["mlp.irpa"]
     m = _mlp()
@@ -210,7 +210,7 @@ def test_portable_modules_one_per_cpu_share_the_parameters_and_run_right(per_cpu
     with torch.no_grad():
         torch.testing.assert_close(mod(x), m(x), rtol=1e-5, atol=1e-5)
     want = "x86-64-v4" if AVX512 else "x86-64-v3"
-    assert mod.cpu_variant == want and mod._module_file.name == t["cpu_modules"][want]
+    assert mod.cpu_variant == want and mod._module_file.name == "mlp" + t["cpu_modules"][want]
 
 
 def test_info_lists_the_modules(per_cpu):
@@ -218,6 +218,16 @@ def test_info_lists_the_modules(per_cpu):
     assert out.returncode == 0, out.stderr
     line = next(l for l in out.stdout.splitlines() if l.startswith("modules:"))
     assert "x86-64-v4: mlp.x86-64-v4.vmfb" in line and "x86-64-v3: mlp.vmfb" in line
+
+
+def test_renamed_artifact_finds_its_modules_and_a_rebuild_removes_them(per_cpu, tmp_path, monkeypatch):
+    for f in (per_cpu.vmfb, per_cpu.vmfb.with_name("mlp.x86-64-v4.vmfb"), per_cpu.params, per_cpu.manifest):
+        (tmp_path / f.name.replace("mlp", "renamed")).write_bytes(f.read_bytes())
+    monkeypatch.setattr(rt_module.Module, "cpu_variant", property(lambda self: "x86-64-v4"))
+    assert llmc.load(tmp_path / "renamed.vmfb")._module_file.name == "renamed.x86-64-v4.vmfb"
+    monkeypatch.undo()
+    llmc.compile(_mlp(), (torch.randn(4, 64),), arch="x86-64-v3", output=tmp_path / "renamed.vmfb")
+    assert not (tmp_path / "renamed.x86-64-v4.vmfb").exists()  # an earlier build's module for another CPU
 
 
 def test_missing_cpu_module_is_a_clear_error(per_cpu, tmp_path, monkeypatch):

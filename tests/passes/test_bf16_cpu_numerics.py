@@ -73,3 +73,41 @@ def test_a_tied_output_stays_f32_and_others_are_bf16(tmp_path):
     assert stats["rewrote"] == 2 and stats["declined"] == 2 * n_cache  # logits of prefill and decode; every cache output
     outs = manifest["entry_points"]["prefill"]["outputs"]["children"]
     assert [o["dtype"] for o in outs] == ["bfloat16"] + ["float32"] * n_cache
+
+
+def test_bf16_inputs_are_taken_like_eager_bf16(tmp_path):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 8).eval()
+    x = torch.randn(3, 16)
+    art = llmc.compile(lin, (x,), dtype="bf16", output=tmp_path / "m.vmfb", quiet=True)
+    mod = llmc.load(art)
+    xb = x.to(torch.bfloat16)
+    got = mod(xb)  # a bf16 input, as eager bf16 takes: widened exactly to the f32 the module computes in
+    assert got.dtype == torch.bfloat16 and torch.equal(got, mod(xb.float()))
+
+
+@pytest.mark.parametrize("source", [torch.bfloat16, torch.float16])
+def test_llama_checkpoint_dtypes_all_get_bf16_packed_weights(tmp_path, source):
+    """A bf16 checkpoint's linears stay bf16 through export (stored as their bits); an f16 one's are
+    converted, so they are rounded to bf16 and packed like the rest, not left f16 and declined."""
+    from llmc.models.llama.config import get_config
+    from llmc.models.llama.model import init_random
+
+    cfg = get_config("tiny")
+    art = llmc.compile(init_random(cfg, seed=2, dtype=source), output=tmp_path / "l.vmfb", dtype="bf16", max_seq_len=32, quiet=True)
+    stats = {p["name"]: p for p in art.read_manifest()["passes"]}["bf16-weights"]
+    assert stats["declined"] == 0, stats["decline_reasons"]
+    # 7 linears per layer and the output head, in each of prefill and decode
+    assert sum(v for k, v in stats["forms"].items() if k.startswith("packed")) == 2 * (7 * cfg.n_layers + 1)
+
+
+def test_vulkan_bf16_llama_from_bf16_weights_compiles(tmp_path):
+    """SPIR-V converts a bf16 checkpoint's weights (compiler/llm.py _kept_narrow): kept bf16 there,
+    iree-compile failed ("'tensor.cast' op operand type 'tensor<64x64xf32>' and result type
+    'tensor<64x64xbf16>' are cast incompatible")."""
+    from llmc.models.llama.config import get_config
+    from llmc.models.llama.model import init_random
+
+    art = llmc.compile(init_random(get_config("tiny"), seed=2, dtype=torch.bfloat16), target="vulkan", dtype="bf16",
+                       output=tmp_path / "v.vmfb", max_seq_len=32, quiet=True)
+    assert art.read_manifest()["compute_dtype"] == "f32" and art.vmfb.stat().st_size > 0
