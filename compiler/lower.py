@@ -244,7 +244,7 @@ def write_artifact(
             with phases.phase("write parameters", progress=lambda: (tmp_irpa.stat().st_size, store.nbytes)):
                 store.write_irpa(tmp_irpa)
             # The pass scratch files (passes/_scratch.py) are in the archive now; their mappings outlive them.
-            if getattr(lowered.plan.ctx, "scratch", None) is not None:
+            if lowered.plan.ctx.scratch is not None:
                 lowered.plan.ctx.scratch.close()
             hashed = [0]
             size = tmp_irpa.stat().st_size

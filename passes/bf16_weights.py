@@ -102,7 +102,8 @@ class Bf16WeightsPass(GraphPass):
             bits = t.to(torch.bfloat16).view(torch.int16)
             return self.ctx.keep(t, _packed.pack(bits) if packed else bits)
 
-        return once_per_tensor(self.__dict__.setdefault("_converted", {}), tensor, make)
+        # One cache per form: a tensor stored packed for one program and plain for another gets both.
+        return once_per_tensor(self.__dict__.setdefault(f"_converted_{'packed' if packed else 'plain'}", {}), tensor, make)
 
     @staticmethod
     def _widen_at_uses(graph, node, outputs) -> None:
@@ -117,6 +118,8 @@ class Bf16WeightsPass(GraphPass):
                 with graph.inserting_before(user):
                     rows = graph.call_function(_aten.embedding.default, (node, *user.args[1:]), dict(user.kwargs))
                     rows_val = user.meta["val"].to(torch.bfloat16).view(torch.int16) if "val" in user.meta else None
+                    if rows_val is not None:
+                        rows.meta["val"] = rows_val
                     wide = _emit_widen(graph, rows, rows_val)
                 _copy_trace(user, rows, wide)
                 _packed.drop_metadata_asserts(graph, user)
@@ -145,9 +148,6 @@ def _emit_widen(graph, bits_node, bits_val=None):
     high = call(_aten.__lshift__.Scalar, (wide, 16))
     value = call(_aten.view.dtype, (high, torch.float32))
     if bits_val is not None:
-        rows_node = bits_node if bits_node.op == "call_function" and "val" not in bits_node.meta else None
-        if rows_node is not None:
-            rows_node.meta["val"] = bits_val
         wide.meta["val"] = bits_val.to(torch.int32)
         high.meta["val"] = wide.meta["val"] << 16
         value.meta["val"] = high.meta["val"].view(torch.float32)
