@@ -35,10 +35,13 @@ def compile_model(
     quiet: bool = True,
     max_seq_len: int | None = None,
     config=None,
+    quant_exclude: tuple[str, ...] = (),
+    quant_embeddings: bool = False,
     fp8_exclude: tuple[str, ...] = (),
     fp8_scales: str = "channel",
     fp8_embeddings: bool = False,
     cpu_dispatch: str = "modules",
+    int8_math: str = "integer",
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
 
@@ -54,22 +57,26 @@ def compile_model(
     config: a Llama state dict saved on its own (a .pt/.pth/.safetensors with no params.json or
     config.json beside it) needs its config: a name (`llama3-8b`, see models/llama/config.py) or a
     params.json / config.json path.
-    fp8_exclude / fp8_scales (--dtype fp8): weight names (fnmatch patterns, e.g. "lm_head.*") kept in
-    the compute dtype; one scale per output channel ("channel") or per tensor ("tensor");
-    fp8_embeddings: embedding tables in fp8 too.
+    quant_exclude (--dtype fp8 or int8): weight names (fnmatch patterns, e.g. "lm_head.*") kept in
+    the compute dtype; quant_embeddings: embedding tables quantized too (one scale per row).
+    fp8_exclude / fp8_embeddings: the older names of the same two options (both spellings count).
+    fp8_scales (--dtype fp8): one scale per output channel ("channel") or per tensor ("tensor").
     cpu_dispatch: with several CPUs in `arch` (e.g. "portable"): "modules" writes one .vmfb per CPU
     sharing the .irpa (NAME.vmfb is the last CPU's, NAME.<cpu>.vmfb the others'; llmc.load runs the
     best this CPU can), "variants" one .vmfb with an executable variant per CPU (IREE picks at load;
     no data tiling in IREE 3.13, so f32 matmuls are slower).
+    int8_math (int8 PT2E programs): "integer" (i8 x i8 -> i32 contractions where the arch can) or
+    "float" (quantize / dequantize as f32 math, contractions in f32: docs/int8.md).
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,
         dump_ir=Path(dump_ir) if dump_ir is not None else None, repro_dir=Path(repro_dir) if repro_dir is not None else None,
         extra_iree_flags=tuple(extra_iree_flags), quiet=quiet, max_seq_len=max_seq_len, config=config,
-        fp8_exclude=tuple([fp8_exclude] if isinstance(fp8_exclude, str) else fp8_exclude), fp8_scales=fp8_scales, fp8_embeddings=fp8_embeddings,
-        cpu_dispatch=cpu_dispatch,
+        quant_exclude=_patterns(quant_exclude), quant_embeddings=quant_embeddings,
+        fp8_exclude=_patterns(fp8_exclude), fp8_scales=fp8_scales, fp8_embeddings=fp8_embeddings,
+        cpu_dispatch=cpu_dispatch, int8_math=int8_math,
     )
-    opts.resolve()  # bad target, dtype or fp8 options fail before anything is loaded
+    opts.resolve()  # bad target, dtype or quantization options fail before anything is loaded
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
         raise UsageError(f"{model}: no such file or directory")
     from llmc.compiler import llm
@@ -110,3 +117,8 @@ def compile_program(model, example_args: tuple, example_kwargs, dynamic_shapes, 
     # A module without a tokenizer: a NAME.tokenizer.* left by an earlier compile of a checkpoint goes.
     return lower.write_artifact(lowered, out_vmfb, source=source, phases=phases, repro_dir=opts.repro_dir,
                                 extra_files=llm.tokenizer_files(None))
+
+
+def _patterns(p) -> tuple[str, ...]:
+    """One fnmatch pattern or several."""
+    return (p,) if isinstance(p, str) else tuple(p)

@@ -57,10 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dump-ir", default=None, metavar="DIR", help="write the IR after import and after each pass")
     c.add_argument("--repro-dir", default=None, metavar="DIR", help="where to save reproducers on failure (default: the output folder)")
     c.add_argument("--iree-flag", action="append", default=[], metavar="FLAG", help="extra iree-compile flag, repeatable (e.g. --iree-flag=--iree-opt-level=O3)")
-    c.add_argument("--fp8-exclude", action="append", default=[], metavar="PATTERN", help="--dtype fp8: keep weights whose name matches (fnmatch, e.g. 'lm_head.*') in the compute dtype; repeatable")
+    c.add_argument("--quant-exclude", "--fp8-exclude", dest="quant_exclude", action="append", default=[], metavar="PATTERN",
+                   help="--dtype fp8/int8: keep weights whose name matches (fnmatch, e.g. 'lm_head.*') in the compute dtype; repeatable (--fp8-exclude is the older name)")
     c.add_argument("--fp8-scales", choices=("channel", "tensor"), default="channel", help="--dtype fp8: one scale per output channel (default) or per tensor")
     c.add_argument("--cpu-dispatch", choices=("modules", "variants"), default="modules", help="several CPUs in --arch: one .vmfb per CPU sharing the .irpa, llmc.load runs the best (modules, the default), or one .vmfb with a variant per executable, IREE picks (variants; no data tiling in IREE 3.13)")
-    c.add_argument("--fp8-embeddings", action="store_true", help="--dtype fp8: embedding tables in fp8 too (one scale per row; only the gathered rows are decoded)")
+    c.add_argument("--quant-embeddings", "--fp8-embeddings", dest="quant_embeddings", action="store_true",
+                   help="--dtype fp8/int8: embedding tables quantized too (one scale per row; only the gathered rows are decoded; --fp8-embeddings is the older name)")
+    c.add_argument("--int8-math", choices=("integer", "float"), default="integer",
+                   help="int8 (PT2E) programs: i8 x i8 -> i32 contractions where the arch can (integer, the default) or quantize/dequantize as f32 math everywhere (float)")
     c.add_argument("--json", action="store_true", help="print the artifact paths and manifest summary as JSON")
     _add_common(c)
 
@@ -189,10 +193,11 @@ def cmd_compile(args) -> int:
         repro_dir=args.repro_dir,
         extra_iree_flags=tuple(args.iree_flag),
         quiet=False,
-        fp8_exclude=tuple(args.fp8_exclude),
+        quant_exclude=tuple(args.quant_exclude),
         fp8_scales=args.fp8_scales,
-        fp8_embeddings=args.fp8_embeddings,
+        quant_embeddings=args.quant_embeddings,
         cpu_dispatch=args.cpu_dispatch,
+        int8_math=args.int8_math,
     )
     # compile_model validates the path, target and output before any work; Llama checkpoints
     # (Meta .pth + params.json, HF folders) become a prefill + decode module (compiler/llm.py).

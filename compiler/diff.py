@@ -16,6 +16,7 @@ from pathlib import Path
 
 from llmc.compiler import export
 from llmc.compiler.diff_eager import eager_reference, run_eager
+from llmc.compiler.lower import QUANTIZED_DTYPES
 from llmc.compiler.diff_inputs import check_built_with, int_high, load_inputs, random_inputs
 from llmc.runtime.module import shape_text
 from llmc.compiler.diff_metrics import (
@@ -168,7 +169,7 @@ def _run(o: DiffOptions) -> DiffOutcome:
             args, kwargs = random_inputs(entry, o.seed, int_high(ep), o.seq)
 
         start = time.perf_counter()
-        eager_dtype = dtype if dtypes.compute_torch_dtype(dtype) is not None else manifest["compute_dtype"]  # fp8: eager in the compute dtype
+        eager_dtype = dtype if dtypes.compute_torch_dtype(dtype) is not None else manifest["compute_dtype"]  # fp8/int8: eager in the compute dtype
         ref = run_eager(eager_reference(ep, eager_dtype), args, kwargs)
         got = mod(*args, **kwargs)
         seconds = time.perf_counter() - start
@@ -181,24 +182,24 @@ def _run(o: DiffOptions) -> DiffOutcome:
                 ep, mod, args, kwargs, tol, depth=o.per_layer_depth, workdir=scratch(), repro_dir=repro_dir, quiet=not o.verbose
             )
         same = None
-        if dtype == "fp8":  # the second reference: eager with the same fp8 weights, dequantized in PyTorch
+        if dtype in QUANTIZED_DTYPES:  # the second reference: eager with the same quantized weights, dequantized in PyTorch
             import copy
 
-            from llmc.compiler.diff_eager import same_fp8_weights
+            from llmc.compiler.diff_eager import same_quantized_weights
 
             start = time.perf_counter()
             same_module = copy.deepcopy(eager_reference(ep, eager_dtype))  # a copy: `ep` keeps its weights
-            n_same = same_fp8_weights(same_module, mod.params, manifest)
+            n_same = same_quantized_weights(same_module, mod.params, manifest)
             s_tol = TOLERANCES[manifest["compute_dtype"]]
             s_results = diff_outputs(entry["outputs"], got, run_eager(same_module, args, kwargs), dtype, s_tol, logits=logits, top_k=o.top_k)
-            same = report.SameWeights(s_results, manifest["compute_dtype"], s_tol, n_same, time.perf_counter() - start)
+            same = report.SameWeights(s_results, manifest["compute_dtype"], s_tol, n_same, time.perf_counter() - start, label=dtype)
 
     passed = all(r.passed for r in results)
     lines = [result_line(r) for r in results]
     if pl is not None:
         lines.extend(per_layer.summary_lines(pl, o.verbose))
     if same is not None:
-        lines.extend(f"same fp8 weights: {result_line(r)}" for r in same.results)
+        lines.extend(f"same {same.label} weights: {result_line(r)}" for r in same.results)
     n_fail = sum(not r.passed for r in results)
     if passed:
         summary = f"PASS: {len(results)} output(s), tolerance profile {profile}" + (f", worst {bad.name}" if bad else "")

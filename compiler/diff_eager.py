@@ -27,32 +27,37 @@ def eager_reference(ep, dtype: str):
     return module
 
 
-def same_fp8_weights(module: torch.nn.Module, params, manifest: dict) -> int:
-    """Replace, in place, each weight the artifact stores in fp8 by the value the device computes
-    with, decode(q) * s (passes/fp8_weights.py), in the weight's own dtype. The weights are the ones
-    with a `<name>_fp8_scale` entry in the artifact's .irpa, `params`; q and s are recomputed from
-    the module's weight with the pass's own quantizer and scale mode (deterministic, and the FN->FNUZ
-    conversion is lossless, so every flavour gives the same values). Returns how many were replaced.
+def same_quantized_weights(module: torch.nn.Module, params, manifest: dict) -> int:
+    """Replace, in place, each weight the artifact stores quantized (--dtype fp8 or int8) by the value
+    the device computes with, decode(q) * s (passes/fp8_weights.py, passes/int8_weights.py), in the
+    weight's own dtype. The weights are the ones with a `<name>_<dtype>_scale` entry in the artifact's
+    .irpa, `params`; q and s are recomputed from the module's weight with the pass's own quantizer and
+    scale mode (deterministic, and fp8's FN->FNUZ conversion is lossless, so every flavour gives the
+    same values). Returns how many were replaced.
     """
     import iree.runtime as rt
 
     from llmc.errors import UsageError
-    from llmc.passes.fp8_weights import SCALE_SUFFIX, decode_sw, quantize
+    from llmc.passes._quantized_weights import CODECS, dequantized  # importing llmc.passes registers the codecs
 
+    codec = CODECS[manifest["dtype"]]
     index = rt.ParameterIndex()
     index.load(str(params))
-    names = {k[: -len(SCALE_SUFFIX)] for k, _ in index.items() if k.endswith(SCALE_SUFFIX)}
-    per_channel = manifest["target"].get("pass_options", {}).get("fp8_scales", "channel") != "tensor"
+    suffix = codec.scale_suffix
+    names = {k[: -len(suffix)] for k, _ in index.items() if k.endswith(suffix)}
+    per_channel = manifest["target"].get("pass_options", {}).get(f"{codec.option}_scales", "channel") != "tensor"
     tensors = dict([*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)])
     missing = sorted(names - tensors.keys())
     if missing:
-        raise UsageError(f"{params}: fp8 weight {missing[0]} is not in the model; diff against the model the artifact was compiled from")
+        raise UsageError(f"{params}: {codec.dtype} weight {missing[0]} is not in the model; diff against the model the artifact was compiled from")
     with torch.no_grad():
         for name in sorted(names):
             t = tensors[name]
-            bits, scale = quantize(t, per_channel)
-            t.copy_((decode_sw(bits) * scale).reshape(t.shape).to(t.dtype))
+            t.copy_(dequantized(codec, t, per_channel))
     return len(names)
+
+
+same_fp8_weights = same_quantized_weights  # the older name
 
 
 class EagerError(LlmcError):

@@ -66,7 +66,7 @@ def run(o, overrides: dict):
                 f"use at most {max_len - 2} steps"
             )
 
-        # Eager runs in --dtype; for fp8 (no eager dtype) in the dtype the module computes in, with the
+        # Eager runs in --dtype; for fp8/int8 (no eager dtype) in the dtype the module computes in, with the
         # original weights, so the comparison includes the quantization error.
         eager_dtype = dtype if dtypes.compute_torch_dtype(dtype) is not None else manifest["compute_dtype"]
         llama = export.convert_module(llm.load_llama(o.model), dtypes.compute_torch_dtype(eager_dtype)).eval()
@@ -121,7 +121,7 @@ def run(o, overrides: dict):
                     strip_prefix=entry.exported.strip_prefix,
                 )
         same = None
-        if dtype == "fp8":
+        if dtype in lower.QUANTIZED_DTYPES:
             same = _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_len, tdt, o.top_k)
 
     bad = diff_metrics.worst(results)
@@ -159,15 +159,15 @@ def run(o, overrides: dict):
 
 
 def _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_len, tdt, top_k):
-    """fp8: eager again on the same inputs, each fp8 weight replaced by decode(q) * s (changes
+    """fp8/int8: eager again on the same inputs, each quantized weight replaced by decode(q) * s (changes
     `llama` in place: run after everything else that needs the original weights). What remains
     between the two sides is the compute dtype's arithmetic, judged by that dtype's profile."""
     from llmc.compiler import report
-    from llmc.compiler.diff_eager import same_fp8_weights
+    from llmc.compiler.diff_eager import same_quantized_weights
     from llmc.models.llama.model import LlamaDecode, LlamaPrefill, new_cache
 
     start = time.perf_counter()
-    n = same_fp8_weights(llama, mod.params, manifest)
+    n = same_quantized_weights(llama, mod.params, manifest)
     profile = manifest["compute_dtype"]
     tol = diff_metrics.TOLERANCES[profile]
     with torch.no_grad():
@@ -176,4 +176,4 @@ def _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_l
         for i, ((token, mask), got) in enumerate(zip(fed, got_logits[1:])):
             ref = LlamaDecode(llama)(token, mask, *ref[1:])
             out.append(diff_metrics.compare(f"decode[{i}].logits", got, ref[0], tol, logits=True, top_k=top_k))
-    return report.SameWeights(out, profile, tol, n, time.perf_counter() - start)
+    return report.SameWeights(out, profile, tol, n, time.perf_counter() - start, label=manifest["dtype"])

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
+import re
+import traceback
 import zipfile
 from pathlib import Path
 
@@ -99,22 +102,92 @@ def load_pt2(path: Path) -> torch.export.ExportedProgram:
         raise ExportError(
             f"{path}: not a torch.export archive (.pt2 files are zip archives written by torch.export.save)"
         )
-    import logging
-
     register_quantized_ops()
-    # torch logs its own multi-line warning with a traceback before raising; the error below says it.
+    # torch logs its own multi-line warning with a traceback before raising a bare RuntimeError
+    # ("We ran into an error when deserializing"): kept off the console, read for the cause.
     torch_log = logging.getLogger("torch.export")
-    level = torch_log.level
-    torch_log.setLevel(logging.CRITICAL)
+    seen = _Collect()
+    handlers, propagate = list(torch_log.handlers), torch_log.propagate
+    torch_log.handlers[:] = [seen]
+    torch_log.propagate = False
     try:
-        return torch.export.load(str(path))
+        ep = torch.export.load(str(path))
     except Exception as e:  # torch raises many types here; all mean "this file is not usable"
+        op = re.search(r"failed to resolve torch\.ops\.([\w.]+?)(?:\.default)? to an operator", seen.text)
+        if op is not None:
+            raise ExportError(
+                f"{path}: uses operator {op.group(1)}, which is not registered in this process (a custom op); "
+                f"llmc compiles aten ops and PT2E's int8 Q/DQ form ({', '.join(QDQ_OPS)}): export the model "
+                "without it, or register the op (import the library defining it) before calling llmc.compile"
+            ) from e
         raise ExportError(
             f"{path}: a zip file but not a loadable torch.export archive ({type(e).__name__}); "
             "write .pt2 files with torch.export.save(torch.export.export(model, args), path)"
         ) from e
     finally:
-        torch_log.setLevel(level)
+        torch_log.handlers[:] = handlers
+        torch_log.propagate = propagate
+    check_quantized_ops(ep, str(path))
+    return ep
+
+
+class _Collect(logging.Handler):
+    """The text of every record (with its traceback) logged while loading."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.parts: list[str] = []
+
+    def emit(self, record) -> None:
+        self.parts.append(record.getMessage())
+        if record.exc_info:
+            self.parts.append("".join(traceback.format_exception(*record.exc_info)))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.parts)
+
+
+# PT2E's int8 Q/DQ form: what llmc compiles (integer contractions, or dequantize-then-float math).
+QDQ_OPS = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel")
+# Namespaces of backend-specific fused quantized ops (what Inductor's lowering or eager quantized
+# modules put in a graph); their names change between releases (onednn.qconv2d_pointwise became
+# qconv_pointwise), and no compiler but that backend's lowers them.
+_BACKEND_NAMESPACES = ("onednn", "quantized", "mkldnn", "xnnpack", "torchao", "fbgemm")
+_QDQ_DTYPES = (torch.int8, torch.uint8)
+
+
+def check_quantized_ops(ep: torch.export.ExportedProgram, where: str) -> None:
+    """Refuse (exit 2, one line) a program with a quantized op llmc does not compile: a
+    quantized_decomposed op outside the int8 Q/DQ form (per-group, per-token, 4-bit, fp8 or int16
+    quantization, dynamic qparams) or a backend-specific fused op. Found here, before any lowering,
+    rather than as an IREE failure deep in a dispatch."""
+    accepted = ", ".join(QDQ_OPS)
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        ns, name = node.target.namespace, node.target._opname
+        if ns == "quantized_decomposed":
+            if name not in QDQ_OPS:
+                kind = "per-group (e.g. 4-bit)" if "group" in name else "per-token" if "token" in name else "dynamic" if "choose_qparams" in name else "other"
+                raise UsageError(
+                    f"{where}: uses quantized_decomposed.{name} ({kind} quantization), which llmc does not compile; llmc "
+                    f"accepts PT2E's int8 Q/DQ form ({accepted}: torchao's convert_pt2e with an int8 quantizer such as "
+                    "X86InductorQuantizer), or a float model with --dtype int8 (weight-only, per-channel)"
+                )
+            at = 5 if name.endswith("per_tensor") else 6  # (x, scale(s), zero point(s), [axis,] qmin, qmax, dtype)
+            dtype = node.args[at] if len(node.args) > at else node.kwargs.get("dtype")
+            if isinstance(dtype, torch.dtype) and dtype not in _QDQ_DTYPES:
+                raise UsageError(
+                    f"{where}: quantized_decomposed.{name} to {str(dtype).replace('torch.', '')}; llmc compiles int8 and uint8 "
+                    "quantization (for fp8 weights compile the float model with --dtype fp8)"
+                )
+        elif ns in _BACKEND_NAMESPACES:
+            raise UsageError(
+                f"{where}: uses {ns}.{name}, a backend-specific fused quantized op (a graph traced after Inductor's "
+                f"lowering, or eager quantized modules); llmc compiles the stable Q/DQ form ({accepted}): export the "
+                "model right after torchao's convert_pt2e, before torch.compile"
+            )
 
 
 def _dynamic_shapes_of(ep: torch.export.ExportedProgram):
@@ -185,8 +258,10 @@ def export_model(
     another dtype (compiler/pipeline.run_source): the rewrites that need the original dtypes.
     """
     example_kwargs = example_kwargs or {}
+    where = "the model"
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
+        where = str(path)
         if path.suffix != ".pt2":
             if not path.exists():
                 raise UsageError(f"{path}: no such file or directory")
@@ -202,6 +277,7 @@ def export_model(
 
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
+        check_quantized_ops(ep, where)
         if target_dtype == torch.float32:
             return Exported(ep)
         # Changing dtype means re-exporting: the ExportedProgram's graph has its dtypes baked in.
@@ -236,4 +312,5 @@ def export_model(
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ExportError(f"torch.export failed: {type(e).__name__}: {msg}") from e
+    check_quantized_ops(ep, where)
     return Exported(ep, strip_prefix)

@@ -149,7 +149,7 @@ def _default_len(config: LlamaConfig) -> int:
 
 def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool | tuple = False) -> list[lower.Entry]:
     """Export prefill and decode over one converted copy of the model, as the module's entry points.
-    keep_narrow_linears: see export.convert_module (fp8 quantized from the checkpoint's own dtype, bf16
+    keep_narrow_linears: see export.convert_module (fp8/int8 quantized from the checkpoint's own dtype, bf16
     weights under f32 math stored as they are)."""
     from torch.export import Dim
 
@@ -191,13 +191,13 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
 
 
 def _kept_narrow(target) -> bool | tuple:
-    """Which checkpoint weights stay narrower than the compute dtype through export: fp8 quantizes from
-    any (bf16, f16); cpu bf16 stores bf16 ones as their bits (an f16 weight is converted, so it is
+    """Which checkpoint weights stay narrower than the compute dtype through export: fp8 and int8
+    quantize from any (bf16, f16); cpu bf16 stores bf16 ones as their bits (an f16 weight is converted, so it is
     rounded to bf16 like the rest). SPIR-V bf16 converts everything: its bf16 pass widens bf16 weights
     without the packed rewrite, and a kept bf16 linear left bf16 metadata behind its transposes
     ("'tensor.cast' op operand type 'tensor<64x64xf32>' and result type 'tensor<64x64xbf16>' are cast
     incompatible")."""
-    if target.dtype == "fp8":
+    if target.dtype in lower.QUANTIZED_DTYPES:
         return True
     if target.dtype == "bf16" and target.compute_dtype == "f32" and target.caps.backend == "llvm-cpu":
         return (torch.bfloat16,)

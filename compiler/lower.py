@@ -35,7 +35,7 @@ from llmc import dtypes
 from llmc.compiler import artifacts, cpu_variants, export, importer, iree, pipeline, targets
 from llmc.compiler.artifacts import Artifact
 from llmc.compiler.progress import Phases
-from llmc.errors import UsageError
+from llmc.errors import UnsupportedTargetError, UsageError
 from llmc.version import __version__
 
 log = logging.getLogger("llmc")
@@ -55,20 +55,45 @@ class CompileOptions:
     quiet: bool = True
     max_seq_len: int | None = None
     config: str | Path | None = None  # Llama: the config of a bare weights file (a name or a params.json/config.json)
-    fp8_exclude: tuple[str, ...] = ()  # --dtype fp8: weight names (fnmatch patterns) kept in the compute dtype
+    # Weight-only quantization (--dtype fp8 / int8): weight names (fnmatch patterns) kept in the compute
+    # dtype, and embedding tables quantized too (one scale per row). The quant_* and fp8_* spellings
+    # are the same options (fp8_* is the older name, kept); both lists count.
+    quant_exclude: tuple[str, ...] = ()
+    quant_embeddings: bool = False
+    fp8_exclude: tuple[str, ...] = ()  # = quant_exclude
     fp8_scales: str = "channel"  # --dtype fp8: "channel" (one scale per output row) or "tensor"
-    fp8_embeddings: bool = False  # --dtype fp8: embedding tables too (one scale per row)
+    fp8_embeddings: bool = False  # = quant_embeddings
     cpu_dispatch: str = "modules"  # several CPUs in --arch: "modules" or "variants" (compiler/targets.py CPU_DISPATCH)
+    # PT2E int8 programs: "integer" (IREE's i8 x i8 -> i32 contractions where the arch can) or "float"
+    # (Q/DQ written out as f32 math everywhere: passes/qdq_float.py)
+    int8_math: str = "integer"
 
     def resolve(self) -> targets.ResolvedTarget:
+        if self.int8_math not in ("integer", "float"):
+            raise UsageError(f"--int8-math={self.int8_math!r}: choose integer or float")
         if self.fp8_scales not in ("channel", "tensor"):
             raise UsageError(f"--fp8-scales={self.fp8_scales!r}: choose channel or tensor")
-        if (self.fp8_exclude or self.fp8_scales != "channel" or self.fp8_embeddings) and self.dtype != "fp8":
-            raise UsageError(f"--fp8-exclude / --fp8-scales / --fp8-embeddings apply to --dtype fp8 only (compiling {self.dtype})")
+        exclude = (*self.fp8_exclude, *self.quant_exclude)
+        embeddings = self.fp8_embeddings or self.quant_embeddings
+        if self.fp8_scales != "channel" and self.dtype != "fp8":
+            raise UsageError(f"--fp8-scales applies to --dtype fp8 only (compiling {self.dtype}; int8 has one scale per output channel)")
+        if (exclude or embeddings) and self.dtype not in QUANTIZED_DTYPES:
+            raise UsageError(f"--quant-exclude / --quant-embeddings (--fp8-exclude / --fp8-embeddings) apply to --dtype "
+                             f"{' or '.join(QUANTIZED_DTYPES)} only (compiling {self.dtype})")
         r = targets.resolve(self.target, self.arch, self.dtype, extra_flags=tuple(self.extra_iree_flags), cpu_dispatch=self.cpu_dispatch)
-        opts = {"fp8_exclude": tuple(self.fp8_exclude), "fp8_scales": self.fp8_scales, "fp8_embeddings": self.fp8_embeddings}
-        opts = opts if self.dtype == "fp8" else {}
+        # The pass options each dtype's pass reads (passes/_quantized_weights.py: the codec's prefix).
+        if self.dtype == "fp8":
+            opts = {"fp8_exclude": exclude, "fp8_scales": self.fp8_scales, "fp8_embeddings": embeddings}
+        elif self.dtype == "int8":
+            opts = {"quant_exclude": exclude, "quant_embeddings": embeddings}
+        else:
+            opts = {}
+        if self.int8_math != "integer":
+            opts["int8_math"] = self.int8_math
         return dataclasses.replace(r, pass_options=tuple(opts.items()))
+
+
+QUANTIZED_DTYPES = ("fp8", "int8")  # --dtype values that quantize weights (weight-only, per-channel scales)
 
 
 @dataclasses.dataclass
@@ -129,6 +154,14 @@ def export_main(model, plan: pipeline.Plan, example_args: tuple = (), example_kw
         model, tuple(example_args), example_kwargs, dtype=plan.ctx.target.compute_dtype, dynamic_shapes=dynamic_shapes,
         source_passes=lambda gm: pipeline.run_source(plan, gm),
     )
+    from llmc.passes._base import has_qdq
+
+    target = plan.ctx.target
+    if not target.arch_caps.int8_storage and has_qdq(exported.program):
+        raise UnsupportedTargetError(
+            f"--target {target.name} --arch {target.arch}: this int8 (PT2E) program cannot be compiled for a device without "
+            "8-bit storage buffers (IREE cannot load an int8 tensor there); compile the float model for it, or an arch with 8-bit storage"
+        )
     return Entry(exported, "main")
 
 
@@ -420,6 +453,7 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
         "iree_flags": ["--iree-input-type=torch", *compile_flags(target, lowered.mlir)],
         "passes": lowered.plan.stats(),
         "passes_skipped": lowered.plan.skipped,
+        **lowered.plan.ctx.records,
         "entry_points": signatures,
         "default_entry": next(iter(signatures)),
         "runtime_device": runtime_device(caps),

@@ -35,9 +35,13 @@ SOURCE_PASSES: list[str] = [
 GRAPH_PASSES: list[str] = [
     "slice-copy",  # torch-mlir has no aten.slice_copy lowering
     "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
+    "qdq-contractions",  # PT2E: each matmul/conv reads its dequantize directly (IREE then forms i8 x i8 -> i32); per-layer schemes for the manifest
+    "int8-signed",  # PT2E uint8 activations as int8 (zero point - 128, exact): llvm-cpu's fast integer kernels are signed
+    "qdq-float",  # PT2E on archs without int64 (IREE's integer contractions need it) or --int8-math float: Q/DQ as f32 math
     "dtype-harmony",  # mm/addmm with operands of different float dtypes: explicit casts (torch-mlir rejects them)
     "bf16-weights",  # SPIR-V and cpu bf16: weights stored as int16 bits, widened with integer ops; f32 math
     "fp8-weights",  # --dtype fp8: linear weights as E4M3 bytes + per-channel scales, decoded where used
+    "int8-weights",  # --dtype int8: linear weights as int8 + per-channel scales (fp8-weights' body), converted where used
     "bf16-outputs",  # cpu bf16 (f32 math): untied f32 outputs returned in bf16, as eager bf16 returns them
 ]
 IR_PASSES: list[str] = [
@@ -162,7 +166,7 @@ def run_graph(plan: Plan, program: torch.export.ExportedProgram, entry: str = "m
     if dump is not None:
         dump(f"{entry}-decompose[{','.join(p.name for p in merged)}]", lambda: str(program.graph), ".txt")
     for p in plan.graph:
-        if p in merged:
+        if p in merged or not p.applies(program):
             continue
         try:
             program = p.run(program)

@@ -168,11 +168,11 @@ REPORT_SCHEMA = {
         },
         "entry_points": {
             "type": "array", "minItems": 1, "items": _ENTRY_SCHEMA,
-            "description": "one record per entry point compared; for fp8 artifacts also one per entry point against eager "
-            "with the same fp8 weights (named '<entry> vs same fp8 weights', judged by `same_weights`)",
+            "description": "one record per entry point compared; for fp8 and int8 artifacts also one per entry point against eager "
+            "with the same quantized weights (named '<entry> vs same fp8 weights' / '... int8 weights', judged by `same_weights`)",
         },
         "same_weights": {
-            "description": "fp8 artifacts: the second reference, eager PyTorch with each weight the artifact stores in fp8 "
+            "description": "fp8 and int8 artifacts: the second reference, eager PyTorch with each weight the artifact stores quantized "
             "replaced by its dequantized value decode(q) * s, in the compute dtype; null (or absent) otherwise",
             "oneOf": [
                 {"type": "null"},
@@ -260,14 +260,16 @@ class DiffOutcome:
 
 @dataclasses.dataclass
 class SameWeights:
-    """The second reference of an fp8 diff (eager with the same fp8 weights): its comparisons, and
-    what llmc diff prints and reports of them. Shared by the .pt2 and the checkpoint diffs."""
+    """The second reference of an fp8 or int8 diff (eager with the same quantized weights): its
+    comparisons, and what llmc diff prints and reports of them. Shared by the .pt2 and the checkpoint
+    diffs."""
 
     results: list  # diff_metrics.OutputDiff
     profile: str  # the compute dtype's tolerance profile
     tolerance: dict
     weights: int  # how many weights were dequantized on the eager side
     seconds: float
+    label: str = "fp8"  # the artifact's --dtype, as the lines name the weights
 
     @property
     def passed(self) -> bool:
@@ -280,7 +282,7 @@ class SameWeights:
 
     def line(self) -> str:
         bad = self.worst()
-        head = f"vs eager with the same fp8 weights ({self.weights} dequantized in PyTorch, profile {self.profile}): "
+        head = f"vs eager with the same {self.label} weights ({self.weights} dequantized in PyTorch, profile {self.profile}): "
         return head + (f"PASS, worst {bad.name} cosine {bad.cosine:.6f}" if self.passed else f"FAIL, worst {bad.name}: {bad.reason}")
 
     def summary(self, primary_summary: str, primary_passed: bool) -> str:
@@ -288,12 +290,12 @@ class SameWeights:
         if not primary_passed:
             return primary_summary
         if self.passed:
-            return primary_summary + f"; and vs the same fp8 weights ({self.weights} dequantized in PyTorch), profile {self.profile}"
+            return primary_summary + f"; and vs the same {self.label} weights ({self.weights} dequantized in PyTorch), profile {self.profile}"
         bad = self.worst()
-        return f"FAIL: vs eager with the same fp8 weights (profile {self.profile}), worst {bad.name}: {bad.reason}"
+        return f"FAIL: vs eager with the same {self.label} weights (profile {self.profile}), worst {bad.name}: {bad.reason}"
 
     def entry(self, entry_name: str) -> dict:
-        return entry_record(f"{entry_name} vs same fp8 weights", self.results, self.worst(), self.seconds, None)
+        return entry_record(f"{entry_name} vs same {self.label} weights", self.results, self.worst(), self.seconds, None)
 
     def record(self) -> dict:
         return {"profile": self.profile, "tolerance": dict(self.tolerance), "weights": self.weights}

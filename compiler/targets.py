@@ -108,6 +108,15 @@ class ArchCaps:
     f16: bool = True  # native f16 arithmetic
     f64: bool = True  # f64 arithmetic (SPIR-V devices without it need f64 demoted)
     int8_dot: bool = False  # integer dot products (VNNI, DP4a, i8 MFMA/WMMA)
+    # 64-bit integer arithmetic. PT2E zero points are int64 tensors, and IREE 3.13's SPIR-V path fails
+    # on the i64 vectors of its integer-contraction lowering where the device has none ("failed to
+    # legalize operation 'vector.broadcast'" on adreno/valhall4): there int8 programs take the
+    # dequantize-then-float form (passes/qdq_float.py).
+    int64: bool = True
+    # 8-bit storage buffers (SPIR-V StorageBuffer8BitAccess). Without them IREE 3.13 cannot load an
+    # int8 tensor at all ("functions in 'spirv.module' can only contain spirv.* ops" on adreno): int8
+    # programs are refused for such an arch (compiler/lower.py).
+    int8_storage: bool = True
     subgroup_sizes: tuple[int, ...] = ()  # () on CPUs; the module runs only where one of them is available
     shared_memory_kb: int = 0  # workgroup memory; 0 on CPUs
     iree_name: str = ""  # the name IREE's own target table knows; "" = llmc writes the target into the module
@@ -145,9 +154,14 @@ def _planned(how: str, detail: str = "") -> DtypeSupport:
     return DtypeSupport("planned", how, detail)
 
 
-def _gpu_dtypes(*, bf16: DtypeSupport, fp8: DtypeSupport) -> dict[str, DtypeSupport]:
-    """A GPU target's dtype rows: f32/f16 native, bf16/fp8 as given."""
-    return {"f32": _impl("native"), "f16": _impl("native"), "bf16": bf16, "fp8": fp8}
+# int8 weight-only (passes/int8_weights.py): int8 codes + one f32 scale per output channel, converted
+# where used (every backend lowers int8 -> float), math in f16 on GPUs like fp8's. Not int8 arithmetic.
+_GPU_INT8 = _impl("emulated", "int8 weights + per-channel f32 scales, converted where used; f16 math", compute="f16")
+
+
+def _gpu_dtypes(*, bf16: DtypeSupport, fp8: DtypeSupport, int8: DtypeSupport = _GPU_INT8) -> dict[str, DtypeSupport]:
+    """A GPU target's dtype rows: f32/f16 native, bf16/fp8/int8 as given."""
+    return {"f32": _impl("native"), "f16": _impl("native"), "bf16": bf16, "fp8": fp8, "int8": int8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +221,8 @@ _SPIRV_NOTE = "no bf16 arithmetic and no fp8 conversion in IREE's SPIR-V path"
 # (passes/bf16_weights.py).
 _SPIRV_BF16 = _impl("emulated", "bf16 weights as int16 bits, f32 math and activations", compute="f32")
 _SPIRV_FP8 = _impl("emulated", "E4M3 weights as int8 + per-channel scales, software decode, f16 math", compute="f16")
+# As fp8 there: f16 math (the weights converted in f32, times the scale, then cast).
+_SPIRV_INT8 = _impl("emulated", "int8 weights + per-channel f32 scales, converted where used; f16 math", compute="f16")
 
 # The Intel profiles IREE 3.13 lacks (it has no Intel Vulkan target and crashes on unknown names).
 # Values are the Vulkan limits Mesa's ANV driver reports, as published in the Vulkan hardware
@@ -230,8 +246,9 @@ _INTEL_WGP = (
 _INTEL_FEATURES = "spirv:v1.6,cap:Shader,cap:PhysicalStorageBufferAddresses,cap:PhysicalStorageBuffer64,cap:Int64"
 
 
-def _gpu(fp8="none", *, bf16=True, f64=True, int8_dot=True, subgroups=(64,), shared_kb=64, iree_name="", aliases=(), note="", iree_flags=()):
-    return ArchCaps(fp8=fp8, bf16=bf16, f64=f64, int8_dot=int8_dot, subgroup_sizes=tuple(subgroups),
+def _gpu(fp8="none", *, bf16=True, f64=True, int64=True, int8_storage=True, int8_dot=True, subgroups=(64,), shared_kb=64, iree_name="", aliases=(), note="",
+         iree_flags=()):
+    return ArchCaps(fp8=fp8, bf16=bf16, f64=f64, int64=int64, int8_storage=int8_storage, int8_dot=int8_dot, subgroup_sizes=tuple(subgroups),
                     shared_memory_kb=shared_kb, iree_name=iree_name, aliases=tuple(aliases), note=note, iree_flags=tuple(iree_flags))
 
 
@@ -257,6 +274,8 @@ TARGETS: dict[str, TargetCaps] = {
             "f16": _impl("native", "f16 storage; LLVM widens arithmetic where the CPU lacks f16 math"),
             "bf16": _CPU_BF16,
             "fp8": _impl("emulated", "E4M3 weights as int8 + per-channel f32 scales, software decode, f32 math", compute="f32"),
+            "int8": _impl("emulated", "int8 weights + per-channel f32 scales, packed like fp8, converted where used; f32 math",
+                          compute="f32"),
         },
         runs_here=True,
         runs_how="on this CPU (local-task)",
@@ -294,7 +313,7 @@ TARGETS: dict[str, TargetCaps] = {
         },
         attention="decompose",  # IREE's SPIR-V backend does not compile its fused attention op
         data_tiling=False,
-        dtypes=_gpu_dtypes(bf16=_SPIRV_BF16, fp8=_SPIRV_FP8),
+        dtypes=_gpu_dtypes(bf16=_SPIRV_BF16, fp8=_SPIRV_FP8, int8=_SPIRV_INT8),
         runs_here=False,
         runs_how="compile only here (needs an Intel GPU with a Vulkan driver); the same SPIR-V path runs here as --target=vulkan",
     ),
@@ -314,14 +333,14 @@ TARGETS: dict[str, TargetCaps] = {
                            note="on an NVIDIA driver f32 attention (P.V matmul fused with a transpose) returned NaN; check with llmc diff"),
             "ada": _gpu(bf16=False, subgroups=(32,), shared_kb=99, iree_name="ada", aliases=("sm_89", "rtx4090", "l4"),
                         note="as ampere"),
-            "pascal": _gpu(bf16=False, subgroups=(32,), shared_kb=48, iree_name="pascal", aliases=("sm_60", "sm_61"),
+            "pascal": _gpu(bf16=False, int8_dot=False, subgroups=(32,), shared_kb=48, iree_name="pascal", aliases=("sm_60", "sm_61"),
                            note="the one NVIDIA-type target whose f16 ran right on an H100's Vulkan driver"),
-            "valhall4": _gpu(bf16=False, f64=False, subgroups=(16,), shared_kb=32, iree_name="valhall4", aliases=("mali-g715",), note="Arm Mali"),
-            "adreno": _gpu(bf16=False, f64=False, subgroups=(64,), shared_kb=32, iree_name="adreno", note="Qualcomm"),
+            "valhall4": _gpu(bf16=False, f64=False, int64=False, subgroups=(16,), shared_kb=32, iree_name="valhall4", aliases=("mali-g715",), note="Arm Mali"),
+            "adreno": _gpu(bf16=False, f64=False, int64=False, int8_storage=False, subgroups=(64,), shared_kb=32, iree_name="adreno", note="Qualcomm"),
         },
         attention="decompose",  # IREE's SPIR-V backend does not compile its fused attention op
         data_tiling=False,
-        dtypes=_gpu_dtypes(bf16=_SPIRV_BF16, fp8=_SPIRV_FP8),
+        dtypes=_gpu_dtypes(bf16=_SPIRV_BF16, fp8=_SPIRV_FP8, int8=_SPIRV_INT8),
         runs_here=True,
         runs_how="on Mesa lavapipe (apt-get install mesa-vulkan-drivers libvulkan1) or any Vulkan GPU",
     ),
@@ -493,7 +512,7 @@ _NARROW_CPU_FLAGS = ["--iree-dispatch-creation-enable-aggressive-fusion=true"]
 
 
 def _flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:
-    narrow = dtype == "fp8" or (dtype == "bf16" and compute == "f32")  # weights stored narrower than computed
+    narrow = dtype in ("fp8", "int8") or (dtype == "bf16" and compute == "f32")  # weights stored narrower than computed
     extra = (_NARROW_FLAGS + (_NARROW_CPU_FLAGS if caps.backend == "llvm-cpu" else [])) if narrow else []
     return _target_flags(caps, arch, dtype, compute, dynamic) + extra
 
@@ -540,10 +559,14 @@ def _cpu_flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: b
         # ("One or more operations with large vector sizes (16384 bytes) were found", x86-64-v4 +
         # x86-64-v3); the global-opt route compiles and runs both.
         flags.append("--iree-global-opt-data-tiling=true" if dynamic or multi else "--iree-opt-data-tiling=true")
-    if dtype in ("bf16", "f16", "fp8"):
+    if dtype in ("bf16", "f16", "fp8", "int8"):
         # Weights stored narrower than they are computed: without this IREE writes a widened copy of
         # every weight on every call instead of fusing the conversion (fp8's decode) into the matmul.
         flags.append("--iree-dispatch-creation-block-matmul-producer-fusion=false")
+    # Convolutions as im2col + matmul (the matmul then data-tiled): IREE 3.13's direct CPU
+    # convolution ran a PT2E int8 conv net 13x slower (620 ms vs 48 ms per batch of 32, 1 thread) and
+    # its f32 model 1.5x slower (60 vs 40 ms) (tools/bench_int8.py, docs/int8.md).
+    flags.append("--iree-global-opt-use-im2col-for-convs")
     return flags
 
 

@@ -8,8 +8,9 @@ Two kinds of name:
 - element types (`ELEMENT_TYPES`), keyed by the name the manifest records, which is torch's own
   (`float32`, `bfloat16`, `float8_e4m3fn`, ...);
 - compute dtypes (`COMPUTE_DTYPES`), what `--dtype` takes: `f32`, `f16`, `bf16` are one element type
-  each; `fp8` is a policy (E4M3 weights in the target's flavour with scales, math in bf16/f32) that the
-  dtype passes implement, so it has no single torch dtype.
+  each; `fp8` and `int8` are policies (weight-only quantization: E4M3 codes in the target's flavour,
+  or symmetric int8 codes, with per-channel f32 scales; math in the target's compute dtype, f32 or
+  f16) that the dtype passes implement, so they have no single torch dtype.
 
 This module is shared by the compiler and the runtime; it imports numpy, and torch and ml_dtypes
 only when a conversion needs them (so `llmc --help` and argument errors stay fast), never the compiler.
@@ -93,7 +94,7 @@ def _by_torch() -> dict:
     return {e.torch: e for e in ELEMENT_TYPES.values()}
 
 # --dtype names -> the element type weights and activations get (None: a policy, see the docstring).
-COMPUTE_DTYPES: dict[str, str | None] = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "fp8": None}
+COMPUTE_DTYPES: dict[str, str | None] = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "fp8": None, "int8": None}
 
 FP8_FLAVOURS = {"e4m3fn": "float8_e4m3fn", "e4m3fnuz": "float8_e4m3fnuz", "e5m2": "float8_e5m2"}
 
@@ -116,7 +117,7 @@ def name_of(dtype) -> str:
 
 
 def compute_torch_dtype(dtype: str):
-    """torch dtype of a --dtype name (f32 -> torch.float32); None for fp8 (a policy) or an unknown name."""
+    """torch dtype of a --dtype name (f32 -> torch.float32); None for fp8/int8 (policies) or an unknown name."""
     element = COMPUTE_DTYPES.get(dtype)
     return ELEMENT_TYPES[element].torch if element else None
 

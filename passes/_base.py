@@ -40,6 +40,8 @@ class Requires:
     dtypes: tuple[str, ...] = ()
     attention: str | None = None
     fp8: tuple[str, ...] = ()
+    # Any other condition on the context: a function returning why the pass does not apply, or None.
+    check: object = None
 
     def why_not(self, ctx: "PassContext") -> str | None:
         caps, dtype = ctx.caps, ctx.dtype
@@ -51,6 +53,8 @@ class Requires:
             return f"for targets whose attention mode is {self.attention!r}; {caps.name} uses {caps.attention!r}"
         if self.fp8 and ctx.arch.fp8 not in self.fp8:
             return f"needs native fp8 {'/'.join(self.fp8)}, arch {ctx.target.arch} has {ctx.arch.fp8}"
+        if self.check is not None:
+            return self.check(ctx)
         return None
 
 
@@ -73,6 +77,9 @@ class PassContext:
     scratch: object | None = None
     # The entry point's user outputs (by position) returned into their own input buffer (a KV cache).
     tied_outputs: frozenset = frozenset()
+    # What passes report for the manifest beyond their stats, by key (e.g. "quantization": the
+    # per-layer int8 schemes passes/qdq_contractions.py found); written as manifest[key].
+    records: dict = dataclasses.field(default_factory=dict)
 
     def keep(self, source, made):
         """`made`, moved to a scratch file when `source` is memory-mapped (see `scratch`)."""
@@ -154,6 +161,11 @@ class SourcePass(Pass):
 
 class GraphPass(Pass):
     kind = "graph"
+
+    def applies(self, program) -> bool:
+        """Whether the program has anything for this pass; when False the pass does not run (and
+        --dump-ir writes no step for it): the int8 passes on a program without Q/DQ ops."""
+        return True
 
     def run(self, program):  # pragma: no cover - interface
         """Returns the ExportedProgram to continue with (the same object or a new one)."""
@@ -253,6 +265,33 @@ def once_per_tensor(cache: dict, tensor, make):
     if key not in cache:
         cache[key] = (t, make(t))
     return cache[key][1]
+
+
+def has_qdq(program) -> bool:
+    """Whether the program has PT2E quantize / dequantize ops (quantized_decomposed namespace)."""
+    import torch
+
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "quantized_decomposed"
+               for n in program.graph.nodes)
+
+
+def fill_fake_values(graph) -> None:
+    """Fake-tensor values (node.meta['val']) for every call node a pass added without one, computed
+    in graph order from their inputs' values under the program's fake mode: torch-mlir's importer
+    types each value from them."""
+    import torch
+
+    mode = next((v.fake_mode for n in graph.nodes if hasattr(v := n.meta.get("val"), "fake_mode")), None)
+    for n in graph.nodes:
+        if n.op != "call_function" or "val" in n.meta:
+            continue
+        args = torch.fx.node.map_arg(n.args, lambda a: a.meta["val"])
+        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: a.meta["val"])
+        if mode is not None:
+            with mode:
+                n.meta["val"] = n.target(*args, **kwargs)
+        else:
+            n.meta["val"] = n.target(*args, **kwargs)
 
 
 def tensor_key(t) -> tuple:

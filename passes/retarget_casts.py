@@ -21,7 +21,7 @@ import torch
 from llmc.passes._base import Requires, SourcePass, register_pass
 
 
-@register_pass("retarget-casts", Requires(dtypes=("f16", "bf16", "fp8")))
+@register_pass("retarget-casts", Requires(dtypes=("f16", "bf16", "fp8", "int8")))
 class RetargetCastsPass(SourcePass):
     def run(self, gm) -> None:
         changed = False

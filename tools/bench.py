@@ -5,7 +5,7 @@ memory-bandwidth roofline measured in the same run.
                           [--prompt 128] [--decode 32] [--reps 3] [--out out/bench]
     python tools/bench.py --checkpoint CKPT [--eager bf16] ...   # any Llama checkpoint (Meta or HF)
 
-Compiles one artifact per `--dtypes` entry for cpu (fp8 with `--fp8-embeddings`), then for each
+Compiles one artifact per `--dtypes` entry for cpu (fp8 and int8 with `--quant-embeddings`), then for each
 thread count starts a worker process (IREE's CPU device and torch's thread pool are per process, so
 no run inherits another's threads). A worker loads every artifact with that thread count, sets
 torch.set_num_threads to it, measures read bandwidth (torch sum over a 256 MiB f32 tensor, median of
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-BYTES_PER_WEIGHT = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1}
+BYTES_PER_WEIGHT = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1, "int8": 1}
 TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
             art = llmc.compile(args.checkpoint or llama, dtype=d, arch=arch, output=args.out / f"{stem}.vmfb", max_seq_len=max_len,
-                               **({"fp8_embeddings": True} if d == "fp8" else {}))
+                               **({"quant_embeddings": True} if d in ("fp8", "int8") else {}))
             compile_s[key] = time.perf_counter() - start
             artifacts[key] = str(art.vmfb)
     del llama

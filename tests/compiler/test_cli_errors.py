@@ -73,7 +73,11 @@ COMPILE_BAD_FLAGS = [
     ("unknown-arch", ["--arch", "pentium9000"], ["--arch", "pentium9000"]),
     ("unknown-dtype", ["--dtype", "f12"], ["--dtype", "f12"]),
     ("unknown-gpu-arch", ["--target", "hip", "--arch", "gfx90a"], ["--arch", "gfx90a"]),
-    ("fp8-option-without-fp8", ["--fp8-exclude", "lm_head.*"], ["--fp8-exclude", "--dtype fp8 only"]),
+    ("fp8-option-without-fp8", ["--fp8-exclude", "lm_head.*"], ["--fp8-exclude", "--dtype fp8 or int8 only"]),
+    ("quant-option-without-quant", ["--dtype", "f16", "--quant-exclude", "lm_head.*"], ["--quant-exclude", "--dtype fp8 or int8 only", "compiling f16"]),
+    ("fp8-scales-with-int8", ["--dtype", "int8", "--fp8-scales", "tensor"], ["--fp8-scales", "--dtype fp8 only", "compiling int8"]),
+    ("int8-unknown-target", ["--dtype", "int8", "--target", "tpu"], ["--target", "tpu"]),
+    ("int8-unknown-gpu-arch", ["--dtype", "int8", "--target", "cuda", "--arch", "sm_100"], ["--arch", "sm_100"]),
     ("config-not-llama", ["--config", "tiny"], ["--config", "Llama weights files"]),
     ("max-seq-len-not-llama", ["--max-seq-len", "64"], ["--max-seq-len", "Llama checkpoints"]),
 ]

@@ -31,7 +31,7 @@ def test_manifest_records_passes_and_dump_has_every_step(tmp_path):
     ran = {p["name"]: p for p in m["passes"]}
     assert ran["decompose-attention"]["rewrote"] == 1 and ran["decompose-attention"]["forms"] == {"general": 1}
     assert ran["log10-to-log"]["rewrote"] == 1
-    assert {"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8, compiling f32"} in m["passes_skipped"]
+    assert {"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8/int8, compiling f32"} in m["passes_skipped"]
     steps = sorted(p.name for p in (tmp_path / "dump").iterdir())
     assert steps == [
         "00-main-export.txt", "01-main-decompose[slice-copy,decompose-attention].txt", "02-main-dtype-harmony.txt",

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import torch
+
 _WRITE = textwrap.dedent("""
     import sys, torch
     import torch.ao.quantization.fx._decomposed  # the writer has them (torchao's convert_pt2e imports this)
@@ -73,3 +75,75 @@ def test_qdq_linear_compiles_and_matches_eager(tmp_path):
     assert "--iree-input-demote-f64-to-f32=false" in art64.read_manifest()["iree_flags"]
     x64 = torch.tensor([1e-300, 3.0, 1e300], dtype=torch.float64)  # beyond f32: demoted, these would be 0 / inf
     assert torch.equal(llmc.load(art64)(x64), x64 * 0.5 + 1.0)
+
+
+_WRITE_CUSTOM = textwrap.dedent("""
+    import sys, torch
+    lib = torch.library.Library("mylib", "DEF")
+    lib.define("q4_linear(Tensor x, Tensor w) -> Tensor")
+    torch.library.impl(lib, "q4_linear", "CompositeExplicitAutograd")(lambda x, w: x @ w.float().t())
+    torch.library.register_fake("mylib::q4_linear")(lambda x, w: x.new_empty(x.shape[0], w.shape[0]))
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("w", torch.randint(-8, 8, (8, 16), dtype=torch.int8))
+
+        def forward(self, x):
+            return torch.ops.mylib.q4_linear(x, self.w)
+
+    torch.export.save(torch.export.export(M(), (torch.randn(2, 16),)), sys.argv[1])
+""")
+
+
+class _PerGroup(torch.nn.Module):
+    """4-bit weights with one scale per group of 8 (quantized_decomposed.dequantize_per_channel_group)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.randint(-8, 8, (8, 16), dtype=torch.int8))
+        self.register_buffer("s", torch.rand(8, 2))
+        self.register_buffer("z", torch.zeros(8, 2, dtype=torch.int64))
+
+    def forward(self, x):
+        w = torch.ops.quantized_decomposed.dequantize_per_channel_group(self.w, self.s, self.z, -8, 7, torch.int8, 8, torch.float32)
+        return x @ w.t()
+
+
+class _OneDnn(torch.nn.Module):
+    """A backend-specific fused op, as Inductor's x86 lowering writes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.randint(-127, 127, (16, 8), dtype=torch.int8))
+        self.register_buffer("ws", torch.rand(8))
+        self.register_buffer("wz", torch.zeros(8, dtype=torch.int64))
+
+    def forward(self, x):
+        xq = torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.05, 0, -128, 127, torch.int8)
+        return torch.ops.onednn.qlinear_pointwise(xq, 0.05, 0, self.w, self.ws, self.wz, None, 1.0, 0, torch.float32, "none", [0.0], "")
+
+
+def test_unknown_quantized_ops_exit_2_naming_the_op(tmp_path):
+    """Each refused before lowering, one line naming the op and what llmc accepts instead. Before:
+    the custom op failed as 'a zip file but not a loadable torch.export archive', and the per-group
+    program compiled without a word."""
+    from conftest import llmc_in_process
+
+    from llmc.compiler import export
+
+    export.register_quantized_ops()
+    custom = tmp_path / "custom.pt2"
+    subprocess.run([sys.executable, "-c", _WRITE_CUSTOM, str(custom)], check=True, capture_output=True, timeout=300)
+    cases = {custom: ("mylib.q4_linear", "not registered")}
+    for name, module in (("group", _PerGroup()), ("onednn", _OneDnn())):
+        path = tmp_path / f"{name}.pt2"
+        torch.export.save(torch.export.export(module, (torch.randn(2, 16),)), str(path))
+        cases[path] = (("quantized_decomposed.dequantize_per_channel_group", "per-group") if name == "group"
+                       else ("onednn.qlinear_pointwise", "backend-specific"))
+    for path, (op, why) in cases.items():
+        r = llmc_in_process("compile", path, "-o", tmp_path / "out.vmfb")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, (path.name, r.stderr)
+        assert op in lines[0] and why in lines[0] and "dequantize_per_channel" in lines[0], lines[0]
+        assert not list(tmp_path.glob("out.*"))

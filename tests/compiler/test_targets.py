@@ -30,7 +30,7 @@ def test_cpu_flags_follow_research():
         ("tpu", None, "f32", "--target='tpu'"),
         ("cpu", "pentium9000", "f32", "--arch='pentium9000'"),
         ("cpu", None, "f4", "--dtype='f4'"),
-        ("cpu", None, "int4", "--dtype='int4' is not a known dtype; choose one of: f32, f16, bf16, fp8"),
+        ("cpu", None, "int4", "--dtype='int4' is not a known dtype; choose one of: f32, f16, bf16, fp8, int8"),
         ("hip", "gfx90a", "f32", "known: gfx942 (mi300x/mi300a/mi325x/cdna3), gfx950"),
         ("vulkan", "lavapipe2", "f32", "--arch='lavapipe2' is not an arch of --target=vulkan"),
         ("xpu", "arc-pro", "f16", "known: arc (a770/"),

@@ -1,5 +1,5 @@
 """The dtype matrix: {Linear+bias, MLP, RMSNorm, attention block, embedding, torch.dot}
-x {f32, f16, bf16, fp8} x {cpu, vulkan: run; hip gfx942/gfx950/gfx1100, xpu, cuda: compile}.
+x {f32, f16, bf16, fp8, int8} x {cpu, vulkan: run; hip gfx942/gfx950/gfx1100, xpu, cuda: compile}.
 
 The matrix's last row, the tiny Llama decoder, is the checkpoint route (prefill + decode with a KV
 cache) and has its own files: tests/e2e/test_gpu_targets.py (every target x arch x dtype compiles;
@@ -17,14 +17,16 @@ Runnable cells, against eager PyTorch on the same inputs (tolerances are the iss
 - f16 / bf16: cosine >= 0.999 per row vs eager in that dtype (bf16 on SPIR-V computes in f32, which
   is closer to eager f32 than eager bf16 is: it is held to the same bound vs eager bf16);
 - fp8: cosine >= 0.995 per linear row vs eager f32 with the original weights, and cosine >= 0.9999 vs eager in the compute dtype with the same fp8 weights
-  (each quantized weight replaced by decode(q) * s in PyTorch: what is left is arithmetic).
+  (each quantized weight replaced by decode(q) * s in PyTorch: what is left is arithmetic);
+- int8 (weight-only, per-channel): the same two references, cosine >= 0.999 vs the original weights.
 The spectral-norm sigma (a scalar) is checked as a relative error instead: 1e-5 (f32), 2e-3 (f16,
 bf16's 8-bit mantissa: 1e-2), and under fp8 it goes through the quantized W: 2e-2.
 
 Compile-only cells read the .vmfb: executables of the target's format only (no CPU fallback), for the
 asked arch; on hip and cuda SDPA became IREE's fused attention dispatch, elsewhere it was decomposed;
-under fp8 no decode was hoisted to load time. The default run has every dtype on cpu and vulkan and
-one cell per GPU target; -m slow runs all 28 cells.
+under fp8/int8 no decode was hoisted to load time, and on GPUs the int8 weights reach the matmul
+dispatches as i8 (no dispatch of their own converts them). The default run has every dtype on cpu
+and vulkan and one cell per GPU target plus hip int8; -m slow runs all 35 cells.
 """
 
 import copy
@@ -46,10 +48,11 @@ FORMAT = {"hip": "rocm-hsaco-fb", "cuda": "cuda-nvptx-fb", "xpu": "vulkan-spirv-
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 TARGETS = [("cpu", None), ("vulkan", None), ("hip", "gfx942"), ("hip", "gfx950"), ("hip", "gfx1100"), ("xpu", None), ("cuda", None)]
-ALL = [(t, a, d) for t, a in TARGETS for d in ("f32", "f16", "bf16", "fp8")]
+ALL = [(t, a, d) for t, a in TARGETS for d in ("f32", "f16", "bf16", "fp8", "int8")]
 # Compile-only cells in the default run: one per GPU target here; hip gfx942 (fp8, bf16) and gfx950
 # (bf16) are compiled by the two tests at the end of this file.
-DEFAULT = [c for c in ALL if c[0] in ("cpu", "vulkan")] + [("hip", "gfx1100", "f16"), ("xpu", None, "fp8"), ("cuda", None, "bf16")]
+DEFAULT = [c for c in ALL if c[0] in ("cpu", "vulkan")] + [("hip", "gfx1100", "f16"), ("xpu", None, "fp8"), ("cuda", None, "bf16"),
+                                                          ("hip", "gfx942", "int8")]
 
 
 class Matrix(nn.Module):
@@ -163,13 +166,18 @@ def _cell(model, tmp_path, target, arch, dtype):
         assert len(attention) == 1 and "decompose-attention" not in ran, info.dispatches
     else:  # decomposed by llmc (llvm-cpu: speed; SPIR-V: IREE cannot compile the fused op)
         assert not attention and ran["decompose-attention"]["rewrote"] == 1, info.dispatches
-    if dtype == "fp8":
+    if dtype in ("fp8", "int8"):
         # The 8 linear weights. Not the spectral-norm W: it reaches its products
         # through a division (only views are followed), so it stays in the compute dtype.
-        assert ran["fp8-weights"]["rewrote"] == 8, ran["fp8-weights"]
+        assert ran[f"{dtype}-weights"]["rewrote"] == 8, ran[f"{dtype}-weights"]
         # Decoded where used, not once at load into a widened copy (compiler/targets.py _NARROW_FLAGS).
         hoisted = [d for d in info.dispatches if d.startswith("_initializer") and ("i8x" in d or "f8E4M3" in d)]
         assert not hoisted, hoisted
+    if dtype == "int8" and target != "cpu":
+        # The i8 -> float conversion is fused into the dispatch that reads the weight (named after
+        # its matmul): a dispatch of its own would write a widened weight every call.
+        converts = [d for d in info.dispatches if "i8x" in d]
+        assert not converts and any("matmul" in d for d in main), info.dispatches
     if target not in ("cpu", "vulkan"):
         return
     got, compute = _run(art, args, dtype)
@@ -184,11 +192,11 @@ def _cell(model, tmp_path, target, arch, dtype):
         _check_rows(got, want, 0.999, sigma_rel=2e-3 if dtype == "f16" else 1e-2)
     else:
         want = _eager(m, args, torch.float32)
-        _check_rows(got, want, 0.995, rows=LINEAR_ROWS, sigma_rel=2e-2)
-        from llmc.compiler.diff_eager import same_fp8_weights
+        _check_rows(got, want, 0.995 if dtype == "fp8" else 0.999, rows=LINEAR_ROWS, sigma_rel=2e-2)
+        from llmc.compiler.diff_eager import same_quantized_weights
 
         same = copy.deepcopy(m)
-        assert same_fp8_weights(same, art.params, manifest) == 8
+        assert same_quantized_weights(same, art.params, manifest) == 8
         want_same = _eager(same, args, TORCH[compute])
         _check_rows(got, want_same, 0.9999, sigma_rel=1e-3 if compute == "f16" else 1e-5)
         assert not all(torch.equal(a, b) for a, b in zip(want, want_same))  # the quantization is visible

@@ -36,17 +36,18 @@ FORMAT = {"hip": "rocm-hsaco-fb", "cuda": "cuda-nvptx-fb", "xpu": "vulkan-spirv-
 # gfx942, FN on gfx1201, software on sm_90), gfx950 with its route around IREE's small-M matmul crash,
 # the archs llmc writes into the module (sm_90, xe2, arc) and an NVIDIA IREE Vulkan name. Every dtype
 # on every target is covered in the default run by the op matrix (tests/e2e/test_dtype_matrix.py) and
-# by the vulkan runs below; the whole target x arch x dtype matrix of this file (72 cells) runs with
+# by the vulkan runs below; the whole target x arch x dtype matrix of this file (90 cells) runs with
 # -m slow; the arch names themselves are unit-tested in tests/compiler/test_targets.py.
 DEFAULT_CELLS = [
     ("hip", "gfx942", "fp8"), ("hip", "gfx950", "f16"), ("hip", "gfx1201", "fp8"),
     ("cuda", "sm_90", "fp8"), ("xpu", "xe2", "bf16"), ("xpu", "arc", "f16"), ("vulkan", "ampere", "f32"),
+    ("cuda", "sm_90", "int8"),
 ]
 ALL_CELLS = [
     (t, a, d)
     for t in ("hip", "cuda", "xpu", "vulkan")
     for a in targets.TARGETS[t].archs
-    for d in ("f32", "f16", "bf16", "fp8")
+    for d in ("f32", "f16", "bf16", "fp8", "int8")
 ]
 
 
@@ -118,19 +119,24 @@ def _check_cell(checkpoint, tmp_path, target, arch, dtype):
     t = manifest["target"]
     assert (t["name"], t["arch"], manifest["dtype"]) == (target, arch, dtype)
     assert t["requires"]["subgroup_sizes"] == list(caps.subgroup_sizes)
-    assert t["requires"]["float16"] == (dtype in ("f16", "fp8"))  # fp8 weights compute in f16 on GPUs
+    assert t["requires"]["float16"] == (dtype in ("f16", "fp8", "int8"))  # fp8/int8 weights compute in f16 on GPUs
     ran = {p["name"]: p for p in manifest["passes"]}
     skipped = {p["name"] for p in manifest["passes_skipped"]}
     if target in ("hip", "cuda"):
         assert "decompose-attention" in skipped  # SDPA reaches IREE whole: its fused attention op
     else:
         assert ran["decompose-attention"]["rewrote"] == 4  # 2 layers x (prefill, decode)
-        if dtype in ("f16", "fp8"):  # fp8 weights compute in f16 on GPUs
+        if dtype in ("f16", "fp8", "int8"):  # fp8/int8 weights compute in f16 on GPUs
             assert ran["decompose-attention"]["forms"] == {"half-matmul": 4}
     if dtype == "fp8":  # native E4M3 where IREE lowers it for the arch, else the integer decode
         decode = {"gfx942": "e4m3fnuz", "gfx950": "e4m3fn", "gfx1201": "e4m3fn"}.get(arch, "software")
         assert ran["fp8-weights"]["forms"] == {f"per-channel {decode}": 2 * len(linear_names(checkpoint))}  # prefill + decode
         assert manifest["compute_dtype"] == "f16"
+    if dtype == "int8":  # the int8 codes reach the matmul dispatches as i8: no dispatch converts them on its own
+        assert ran["int8-weights"]["forms"] == {"per-channel int8": 2 * len(linear_names(checkpoint))}  # prefill + decode
+        assert manifest["compute_dtype"] == "f16"
+        converts = [d for d in info.dispatches if "i8x" in d or d.startswith("_initializer")]
+        assert not converts and any("matmul" in d for d in info.dispatches), info.dispatches
     return art, manifest
 
 
@@ -139,10 +145,10 @@ def test_compiles_for_gpu_arch(checkpoint, tmp_path, target, arch, dtype):
     art, manifest = _check_cell(checkpoint, tmp_path, target, arch, dtype)
     sizes = _irpa_sizes(art.params)
     shapes = _checkpoint_numels(checkpoint[0])
-    width = {"f32": 4, "f16": 2, "bf16": 2, "fp8": 2}[dtype]  # bf16 on SPIR-V too: stored as 16-bit words
+    width = {"f32": 4, "f16": 2, "bf16": 2, "fp8": 2, "int8": 2}[dtype]  # bf16 on SPIR-V too: stored as 16-bit words
     linear = {k for k in shapes if k.endswith("proj.weight") or k == "lm_head.weight"}
-    assert {k: sizes[k] for k in shapes} == {k: n * (1 if dtype == "fp8" and k in linear else width) for k, n in shapes.items()}
-    cache_dtype = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "fp8": "float16"}[dtype]
+    assert {k: sizes[k] for k in shapes} == {k: n * (1 if dtype in ("fp8", "int8") and k in linear else width) for k, n in shapes.items()}
+    cache_dtype = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "fp8": "float16", "int8": "float16"}[dtype]
     if dtype == "bf16" and target in ("xpu", "vulkan"):
         cache_dtype = "float32"
     assert manifest["llm"]["cache"]["dtype"] == cache_dtype  # SPIR-V bf16 computes in f32

@@ -18,4 +18,4 @@ torch.export.save(torch.export.export(M(), (torch.randn(2, 8),)), sys.argv[1])
 # CHECK:       torch.aten.mul.Scalar {{.*}} -> !torch.vtensor<[2,8],f32>
 # STATS:       "skipped": [
 # STATS:       "name": "retarget-casts"
-# STATS-NEXT:  "reason": "needs dtype f16/bf16/fp8, compiling f32"
+# STATS-NEXT:  "reason": "needs dtype f16/bf16/fp8/int8, compiling f32"

@@ -1,0 +1,140 @@
+"""`--dtype int8` (weight-only, per-channel) end to end on the tiny Llama (HF checkpoint, f32 random
+weights, seed 3: the checkpoint tests/e2e/test_fp8.py uses).
+
+- cpu, with the embedding table in int8 too (`quant_embeddings`): the first 8 greedy tokens equal
+  eager f32's (transformers' LlamaForCausalLM with the original weights), the .irpa is at most 0.35x
+  the f32 build's, every quantized weight is 1 byte per element plus one f32 scale per row, and
+  `llmc diff` passes both references (eager f32 with the original weights under the int8 profile;
+  eager f32 with the same int8 weights under the f32 profile).
+- cpu through the CLI with `--quant-exclude 'lm_head.*'`: the output head stays f32 and 8 tokens
+  equal eager f32 with the same weights.
+- vulkan (lavapipe, f16 math): the module decodes the same 8 tokens and `llmc diff` passes.
+GPU compile-only cells (hip, cuda: the codes reach the matmul dispatches as i8) are in
+tests/e2e/test_gpu_targets.py and tests/e2e/test_dtype_matrix.py.
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import llmc
+from llmc.models.llama.config import get_config
+from llmc.passes.int8_weights import INT8
+from llmc.passes._quantized_weights import dequantized
+from llmc.tools.make_checkpoint import write_checkpoint
+
+MAX_SEQ = 64
+PROMPT = [1, 77, 30, 5, 42, 9, 200, 13]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("int8")
+    write_checkpoint(get_config("tiny"), "hf", root / "hf", dtype="f32", seed=3)
+    return root
+
+
+@pytest.fixture(scope="module")
+def cpu_int8(checkpoint):
+    return llmc.compile(checkpoint / "hf", dtype="int8", output=checkpoint / "int8.vmfb", max_seq_len=MAX_SEQ, quant_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def eager_tokens(checkpoint):
+    """8 greedy tokens of transformers' LlamaForCausalLM in f32 with the checkpoint's own weights."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.LlamaForCausalLM.from_pretrained(checkpoint / "hf", torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(PROMPT):].tolist()
+
+
+def _llmc(*args):
+    return subprocess.run([sys.executable, "-m", "llmc.compiler.cli", *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def _irpa_sizes(path) -> dict[str, int]:
+    import iree.runtime as rt
+
+    index = rt.ParameterIndex()
+    index.load(str(path))
+    return {k: e.length for k, e in index.items()}
+
+
+def _shapes(folder) -> dict[str, list[int]]:
+    from safetensors import safe_open
+
+    with safe_open(str(next(folder.glob("*.safetensors"))), "pt") as st:
+        return {k: st.get_slice(k).get_shape() for k in st.keys()}
+
+
+def test_cpu_int8_greedy_tokens_equal_eager_f32_and_irpa_is_a_third_of_f32(checkpoint, cpu_int8, eager_tokens):
+    stats = next(p for p in cpu_int8.read_manifest()["passes"] if p["name"] == "int8-weights")
+    n_layers = get_config("tiny").n_layers
+    # 7 linears per layer, the head and the embedding table, in prefill and in decode (each stored once).
+    assert stats["declined"] == 0 and stats["rewrote"] == 2 * (7 * n_layers + 2), stats
+    assert llmc.load(cpu_int8).generate(PROMPT, 8, stop_at_eos=False) == eager_tokens
+    f32 = llmc.compile(checkpoint / "hf", dtype="f32", output=checkpoint / "f32.vmfb", max_seq_len=MAX_SEQ)
+    ratio = cpu_int8.params.stat().st_size / f32.params.stat().st_size
+    assert ratio <= 0.35, ratio
+
+
+def test_cpu_int8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_int8):
+    sizes = _irpa_sizes(cpu_int8.params)
+    shapes = _shapes(checkpoint / "hf")
+    two_d = {k for k, shape in shapes.items() if len(shape) == 2}
+    # 1 byte per weight (the packed cpu layout pads rows to a multiple of 8: the tiny model's are).
+    assert {k: sizes[k] for k in two_d} == {k: math.prod(shapes[k]) for k in two_d}
+    assert {k: sizes[f"{k}_int8_scale"] for k in two_d} == {k: 4 * shapes[k][0] for k in two_d}  # one f32 scale per row
+    manifest = cpu_int8.read_manifest()
+    assert manifest["dtype"] == "int8" and manifest["compute_dtype"] == "f32"
+    assert manifest["target"]["pass_options"] == {"quant_exclude": [], "quant_embeddings": True}
+    r = _llmc("diff", checkpoint / "hf", cpu_int8.vmfb, "--json", checkpoint / "diff.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads((checkpoint / "diff.json").read_text())
+    assert report["passed"] and report["profile"] == "int8"
+    vs_f32, vs_same = report["entry_points"]
+    assert vs_same["name"] == "prefill+decode vs same int8 weights" and vs_same["passed"]
+    assert report["same_weights"]["profile"] == "f32" and report["same_weights"]["weights"] == len(two_d)
+    same = [o["cosine"] for o in vs_same["outputs"]]
+    assert min(o["cosine"] for o in vs_f32["outputs"]) >= 0.999 and min(same) >= 0.99999
+    assert "and vs the same int8 weights" in r.stdout
+
+
+def test_cli_quant_exclude_keeps_the_output_head_in_float(checkpoint, tmp_path):
+    """`--dtype int8 --quant-exclude 'lm_head.*'`: the head (the .irpa's name, not the export
+    wrapper's) stays f32; 8 greedy tokens equal transformers with the other linears dequantized."""
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "int8-head.vmfb"
+    r = _llmc("compile", checkpoint / "hf", "--dtype", "int8", "--quant-exclude", "lm_head.*", "--max-seq-len", MAX_SEQ, "-o", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    manifest = json.loads(out.with_suffix(".json").read_text())
+    stats = next(p for p in manifest["passes"] if p["name"] == "int8-weights")
+    assert sorted(stats["decline_reasons"]) == ["embedding table (set quant_embeddings to quantize it)", "excluded by 'lm_head.*'"]
+    sizes = _irpa_sizes(out.with_suffix(".irpa"))
+    shapes = _shapes(checkpoint / "hf")
+    assert "lm_head.weight_int8_scale" not in sizes and sizes["lm_head.weight"] == 4 * math.prod(shapes["lm_head.weight"])
+    hf = transformers.LlamaForCausalLM.from_pretrained(checkpoint / "hf", torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() == 2 and not name.startswith(("lm_head", "model.embed_tokens")):
+                p.copy_(dequantized(INT8, p))
+        want = hf.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert llmc.load(out).generate(PROMPT, 8, stop_at_eos=False) == want[0, len(PROMPT):].tolist()
+
+
+def test_vulkan_int8_decodes_the_same_tokens_and_diff_passes(checkpoint, tmp_path, eager_tokens):
+    from llmc.runtime.device import usable_devices
+
+    if "vulkan" not in usable_devices():
+        pytest.skip("no Vulkan driver (apt-get install mesa-vulkan-drivers libvulkan1)")
+    art = llmc.compile(checkpoint / "hf", target="vulkan", dtype="int8", output=tmp_path / "vk.vmfb", max_seq_len=MAX_SEQ)
+    assert art.read_manifest()["compute_dtype"] == "f16"
+    assert llmc.load(art).generate(PROMPT, 8, stop_at_eos=False) == eager_tokens
+    r = _llmc("diff", checkpoint / "hf", art.vmfb)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS" in r.stdout and "tolerance profile int8" in r.stdout and "same int8 weights" in r.stdout
