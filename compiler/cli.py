@@ -371,8 +371,13 @@ def cmd_targets(args) -> int:
         print(f"{c.name:7s} {c.device}/{c.backend}, arch default {c.default_arch}: {state}")
         for dt, s in c.dtypes.items():
             print(f"          {dt:5s} {s.text()}{'' if s.implemented else '  [planned]'}")
+        print("          int8 PT2E programs (.pt2 in Q/DQ form): native, i8 x i8 -> i32 contractions (docs/int8.md)")
         for name, a in c.archs.items():
             feats = [f"fp8 {a.fp8}", f"bf16 math {'yes' if a.bf16 else 'no'}", f"int8 dot {'yes' if a.int8_dot else 'no'}"]
+            if not a.int8_storage:
+                feats.append("no 8-bit storage (int8/fp8 refused)")
+            elif not a.int64:
+                feats.append("no int64 (PT2E int8 as f32 math)")
             if a.subgroup_sizes:
                 feats.append(f"subgroup {'/'.join(map(str, a.subgroup_sizes))}, {a.shared_memory_kb} KiB shared")
             also = f" = {', '.join(a.aliases)}" if a.aliases else ""

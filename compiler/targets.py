@@ -493,6 +493,11 @@ def resolve(
         raise UnsupportedTargetError(
             f"--iree-flag {bad[0]!r}: IREE flags start with '--', e.g. --iree-flag=--iree-opt-level=O3"
         )
+    if dtype in ("int8", "fp8") and not caps.arch_caps(arch).int8_storage:
+        raise UnsupportedTargetError(
+            f"--dtype={dtype} --target={target} --arch={arch}: the device has no 8-bit storage buffers, and IREE cannot "
+            f"load 8-bit weights there; use --dtype=f16 or f32 for it"
+        )
     return ResolvedTarget(caps, arch, dtype, dynamic, tuple(extra_flags), cpu_dispatch=cpu_dispatch)
 
 

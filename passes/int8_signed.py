@@ -5,7 +5,8 @@ Matches:  `quantized_decomposed.quantize_per_tensor(x, s, zp, qmin, qmax, torch.
           view, transpose, ...) `dequantize_per_tensor(., s, zp, qmin, qmax, torch.uint8)` with the
           same parameters: the activation pairs X86InductorQuantizer writes by default (zp in [0, 255]).
 Produces: the same pair with zp - 128, qmin - 128, qmax - 128 and torch.int8; the fake-tensor metadata
-          of q and of the layout ops between becomes int8.
+          of q and of the layout ops between becomes int8, and a constant_pad_nd between them (the
+          zero-point padding of qdq-contractions' im2col) pads with zp - 128.
 Declines: a uint8 tensor used by anything but a matching dequantize (returned, fed to another op or
           dequantized with other parameters), tensor-valued scale/zero point (`.tensor` overloads).
 Safe because: exact. With q_u = clamp(round(x / s) + zp, qmin, qmax),
@@ -23,6 +24,8 @@ from __future__ import annotations
 import torch
 
 from llmc.passes._base import GraphPass, has_qdq, register_pass
+
+_aten = torch.ops.aten
 
 _qd = None
 
@@ -68,6 +71,8 @@ class Int8SignedPass(GraphPass):
             q.args = (q.args[0], *shifted)
             for n in (q, *layouts):
                 _retype(n, torch.int8)
+                if n.target == _aten.constant_pad_nd.default:  # padding with the zero point: shifted with it
+                    n.args = (n.args[0], n.args[1], n.args[2] - 128)
             for u in users:
                 u.args = (u.args[0], *shifted, *u.args[6:])
                 for rec in self.ctx.records.get("quantization", ()):
@@ -85,10 +90,13 @@ def _reach(q):
     the view/transpose chains passes/qdq_contractions.py puts between q and a dequantize."""
     from llmc.passes.qdq_contractions import LAYOUT_OPS
 
-    layouts, ends, todo = [], [], list(q.users)
+    moves = LAYOUT_OPS | {_aten.slice.Tensor, _aten.stack.default, _aten.unfold.default, _aten.constant_pad_nd.default}  # and im2col's gather
+    layouts, ends, todo = [], [], list(dict.fromkeys(q.users))
     while todo:
         n = todo.pop()
-        if n.op == "call_function" and n.target in LAYOUT_OPS:
+        if n in layouts:
+            continue
+        if n.op == "call_function" and n.target in moves:
             layouts.append(n)
             todo.extend(n.users)
         else:

@@ -17,9 +17,12 @@ Leaves:   a per-channel dequantize behind layout ops (a weight's transpose: IREE
 Safe because: a per-tensor dequantize is the same affine map (q - zp) * s on every element, and the
           layout ops only move, copy or broadcast elements: layout(dequant(q)) == dequant(layout(q))
           bit for bit.
-          On llvm-cpu a convolution is recorded as float: llmc turns on IREE's im2col there, which
-          rewrites it to a dequantize + f32 matmul before the integer rewrite (still 13x faster
-          than IREE's direct int8 convolution; docs/int8.md).
+          On llvm-cpu a 2-D convolution of a per-tensor dequantized input with per-channel
+          weights becomes im2col + matmul here, on the int8 tensors: patches gathered from the
+          int8 input padded with its zero point (which dequantizes to 0.0, the convolution's
+          padding), dequantized, times the dequantized weight viewed [O, C*kh*kw]. IREE then forms
+          a data-tiled int8 matmul; its own im2col (on for llvm-cpu, 13x faster than its direct int8
+          convolution) runs before its Q/DQ rewrite and leaves an f32 matmul.
 Why: IREE 3.13's global optimization forms an i8 x i8 -> i32 contraction only when the matmul or
           convolution reads the dequantize itself; with a view in between it dequantizes and runs
           the contraction in f32 (a Linear on a [2, 8, 64] input gave `matmul_16x128x64_f32`).
@@ -79,7 +82,18 @@ class QdqContractionsPass(GraphPass):
                     self.stats.rewrite(f"{op_name}: dequantize moved past {len(chain)} layout op(s)")
                     src = deq
                 operands.append(src)
-            records.append(self._record(node, op_name, operands, per_tensor, per_channel, program))
+            rec = self._record(node, op_name, operands, per_tensor, per_channel, program)
+            if op_name == "conv" and self.ctx.caps.backend == "llvm-cpu":
+                why = _im2col_why_not(node, operands, per_tensor, per_channel)
+                if why is None:
+                    deq = _im2col(graph, node, operands, per_tensor, program.graph_signature.output_specs)
+                    rec["operands"][0]["dequantize"] = deq.name
+                    self.stats.rewrite("conv: im2col of the int8 input + int8 matmul")
+                    rec["lowered_as"] = "im2col of the int8 input, then an int8 x int8 -> i32 matmul (llmc)"
+                else:
+                    self.stats.decline(node.name, f"conv on llvm-cpu kept as a convolution: {why}")
+                    rec["form"], rec["why"] = "float", f"llvm-cpu: IREE's im2col + f32 matmul ({why})"
+            records.append(rec)
         fill_fake_values(graph)
         graph.eliminate_dead_code()
         graph.lint()
@@ -114,17 +128,69 @@ class QdqContractionsPass(GraphPass):
                     scheme["weight"] = weight
             schemes.append(scheme)
         rec["operands"] = schemes
-        if op_name == "conv" and self.ctx.caps.backend == "llvm-cpu":
-            # compiler/targets.py turns on im2col for llvm-cpu; IREE applies it before its Q/DQ rewrite
-            rec["form"] = "float"
-            rec["why"] = ("llvm-cpu: IREE converts convolutions to im2col + f32 matmul before forming integer math "
-                          "(13x faster than its direct int8 convolution)")
-        elif all(s is not None for s in schemes):
+        if all(s is not None for s in schemes):
             rec["form"] = "integer"
         else:
             rec["form"] = "float"
             rec["why"] = "operand {} is not dequantized int8".format(", ".join(str(i) for i, s in enumerate(schemes) if s is None))
         return rec
+
+
+def _im2col_why_not(node, operands, per_tensor, per_channel) -> str | None:
+    x, w = operands
+    if x is None or x.target != per_tensor or x is not node.args[0]:
+        return "input not a per-tensor dequantize"
+    if w is None or w.target != per_channel or w.args[3] != 0 or w is not node.args[1]:
+        return "weight not dequantized per output channel"
+    _, _, _, _, _, _, transposed, _, groups = node.args
+    if transposed or groups != 1:
+        return "transposed or grouped"
+    if len(x.meta["val"].shape) != 4:
+        return "not 2-D"
+    return None
+
+
+def _im2col(graph, node, operands, per_tensor, outputs):
+    """conv2d(dequant(qx), dequant_per_channel(qw)) as dequant(patches(qx)) @ dequant(qw.view(O, K)).T:
+    the patches are gathered from the int8 input (padded with its zero point, which dequantizes to
+    0.0 as the convolution's zero padding does), so IREE forms an int8 matmul, which it data-tiles;
+    its own im2col (on for llvm-cpu) runs before its Q/DQ rewrite and leaves an f32 matmul."""
+    from llmc.passes import _packed
+
+    x, w = operands
+    _, _, bias, stride, padding, dilation, *_ = node.args
+    n, c, h, wd = x.meta["val"].shape
+    o, _, kh, kw = w.meta["val"].shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    qx, zp = x.args[0], x.args[2]
+    call = graph.call_function
+    with graph.inserting_before(node):
+        padded = call(_aten.constant_pad_nd.default, (qx, [pw, pw, ph, ph], zp)) if ph or pw else qx
+        # [N, C, Ho, Wo, kh, kw] windows (views), then [N, Ho, Wo, C, kh, kw] copied: one gather
+        win = call(_aten.unfold.default, (call(_aten.unfold.default, (padded, 2, kh, sh)), 3, kw, sw)) if (dh, dw) == (1, 1) else None
+        if win is not None:
+            cols = call(_aten.clone.default, (call(_aten.permute.default, (win, [0, 2, 3, 1, 4, 5])),), {"memory_format": torch.contiguous_format})
+            cols = call(_aten.view.default, (cols, [n * ho * wo, c * kh * kw]))
+        else:
+            taps = []
+            for i in range(kh):
+                rows = call(_aten.slice.Tensor, (padded, 2, i * dh, i * dh + (ho - 1) * sh + 1, sh))
+                for j in range(kw):
+                    taps.append(call(_aten.slice.Tensor, (rows, 3, j * dw, j * dw + (wo - 1) * sw + 1, sw)))
+            cols = call(_aten.stack.default, (taps, 2))  # [N, C, kh*kw, Ho, Wo]: K ordered (c, i, j) as the weight's
+            cols = call(_aten.view.default, (cols, [n, c * kh * kw, ho * wo]))
+            cols = call(_aten.clone.default, (call(_aten.permute.default, (cols, [0, 2, 1])),), {"memory_format": torch.contiguous_format})
+            cols = call(_aten.view.default, (cols, [n * ho * wo, c * kh * kw]))
+        a = call(per_tensor, (cols, *x.args[1:]), dict(x.kwargs))
+        wq = call(_aten.view.default, (w.args[0], [o, c * kh * kw]))
+        b = call(_aten.permute.default, (call(w.target, (wq, *w.args[1:]), dict(w.kwargs)), [1, 0]))
+        out = call(_aten.addmm.default, (bias, a, b)) if bias is not None else call(_aten.mm.default, (a, b))
+        out = call(_aten.view.default, (out, [n, ho, wo, o]))
+        out = call(_aten.clone.default, (call(_aten.permute.default, (out, [0, 3, 1, 2])),), {"memory_format": torch.contiguous_format})
+    _packed.replace(graph, node, out, outputs)
+    return a
 
 
 def _layout_chain(value):

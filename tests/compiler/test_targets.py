@@ -8,6 +8,7 @@ def test_cpu_flags_follow_research():
     r = targets.resolve("cpu", None, "f32")
     assert r.arch == "host"
     assert "--iree-llvmcpu-target-cpu=host" in r.iree_flags and "--iree-opt-data-tiling=true" in r.iree_flags
+    assert "--iree-global-opt-use-im2col-for-convs" in r.iree_flags  # convolutions as im2col + matmul: docs/int8.md
     assert "--iree-dispatch-creation-block-matmul-producer-fusion=false" not in r.iree_flags
     half = targets.resolve("cpu", "znver4", "f16", dynamic=True)
     assert "--iree-llvmcpu-target-cpu=znver4" in half.iree_flags
@@ -35,6 +36,9 @@ def test_cpu_flags_follow_research():
         ("vulkan", "lavapipe2", "f32", "--arch='lavapipe2' is not an arch of --target=vulkan"),
         ("xpu", "arc-pro", "f16", "known: arc (a770/"),
         ("cuda", "sm_100", "f32", "sm_90 (h100/"),
+        # Adreno has no 8-bit storage buffers: IREE cannot load int8 (or fp8 bytes) there at all
+        ("vulkan", "adreno", "int8", "--dtype=int8 --target=vulkan --arch=adreno: the device has no 8-bit storage"),
+        ("vulkan", "adreno", "fp8", "no 8-bit storage"),
     ],
 )
 def test_rejected_before_iree(target, arch, dtype, needle):
