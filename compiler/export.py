@@ -153,7 +153,7 @@ QDQ_OPS = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel
 # Namespaces of backend-specific fused quantized ops (what Inductor's lowering or eager quantized
 # modules put in a graph); their names change between releases (onednn.qconv2d_pointwise became
 # qconv_pointwise), and no compiler but that backend's lowers them.
-_BACKEND_NAMESPACES = ("onednn", "quantized", "mkldnn", "xnnpack", "torchao", "fbgemm")
+_BACKEND_NAMESPACES = ("onednn", "quantized", "mkldnn", "xnnpack", "fbgemm")
 _QDQ_DTYPES = (torch.int8, torch.uint8)
 
 
@@ -178,10 +178,16 @@ def check_quantized_ops(ep: torch.export.ExportedProgram, where: str) -> None:
             at = 5 if name.endswith("per_tensor") else 6  # (x, scale(s), zero point(s), [axis,] qmin, qmax, dtype)
             dtype = node.args[at] if len(node.args) > at else node.kwargs.get("dtype")
             if isinstance(dtype, torch.dtype) and dtype not in _QDQ_DTYPES:
+                hint = " (for fp8 weights compile the float model with --dtype fp8)" if dtype.is_floating_point else ""
                 raise UsageError(
                     f"{where}: quantized_decomposed.{name} to {str(dtype).replace('torch.', '')}; llmc compiles int8 and uint8 "
-                    "quantization (for fp8 weights compile the float model with --dtype fp8)"
+                    f"quantization{hint}"
                 )
+        elif ns == "torchao":
+            raise UsageError(
+                f"{where}: uses torchao.{name} (torchao's quantize_ API, not PT2E), which llmc does not compile; quantize with "
+                f"the PT2E flow (prepare_pt2e / convert_pt2e: {accepted}), or compile the float model with --dtype int8"
+            )
         elif ns in _BACKEND_NAMESPACES:
             raise UsageError(
                 f"{where}: uses {ns}.{name}, a backend-specific fused quantized op (a graph traced after Inductor's "

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from llmc.passes._base import GraphPass, fill_fake_values, has_qdq, register_pass
+from llmc.passes.qdq_float import runs_for as qdq_float_runs_for
 
 _aten = torch.ops.aten
 LAYOUT_OPS = {
@@ -79,12 +80,15 @@ class QdqContractionsPass(GraphPass):
                             value = graph.call_function(layout.target, (value, *layout.args[1:]), dict(layout.kwargs))
                         deq = graph.call_function(per_tensor, (value, *src.args[1:]), dict(src.kwargs))
                     node.replace_input_with(node.args[pos], deq)
+                    fill_fake_values(graph)  # the conv rewrite below reads the new nodes' shapes
                     self.stats.rewrite(f"{op_name}: dequantize moved past {len(chain)} layout op(s)")
                     src = deq
                 operands.append(src)
             rec = self._record(node, op_name, operands, per_tensor, per_channel, program)
             if op_name == "conv" and self.ctx.caps.backend == "llvm-cpu":
                 why = _im2col_why_not(node, operands, per_tensor, per_channel)
+                if why is None and qdq_float_runs_for(self.ctx) is None:
+                    why = "Q/DQ become f32 math here (qdq-float)"
                 if why is None:
                     deq = _im2col(graph, node, operands, per_tensor, program.graph_signature.output_specs)
                     rec["operands"][0]["dequantize"] = deq.name
@@ -92,7 +96,7 @@ class QdqContractionsPass(GraphPass):
                     rec["lowered_as"] = "im2col of the int8 input, then an int8 x int8 -> i32 matmul (llmc)"
                 else:
                     self.stats.decline(node.name, f"conv on llvm-cpu kept as a convolution: {why}")
-                    rec["form"], rec["why"] = "float", f"llvm-cpu: IREE's im2col + f32 matmul ({why})"
+                    rec["form"], rec["why"] = "float", f"llvm-cpu: left to IREE, whose im2col (on for llvm-cpu) precedes its Q/DQ rewrite ({why})"
             records.append(rec)
         fill_fake_values(graph)
         graph.eliminate_dead_code()
@@ -147,6 +151,10 @@ def _im2col_why_not(node, operands, per_tensor, per_channel) -> str | None:
         return "transposed or grouped"
     if len(x.meta["val"].shape) != 4:
         return "not 2-D"
+    if not all(isinstance(d, int) for d in (*x.meta["val"].shape, *w.meta["val"].shape)):
+        # Tracing the gather with a symbolic batch specialized the symbol (the program then took only
+        # the example's batch); left to IREE, which runs it as a dequantize + f32 matmul.
+        return "dynamic shape"
     return None
 
 
@@ -159,7 +167,7 @@ def _im2col(graph, node, operands, per_tensor, outputs):
 
     x, w = operands
     _, _, bias, stride, padding, dilation, *_ = node.args
-    n, c, h, wd = x.meta["val"].shape
+    _, c, h, wd = x.meta["val"].shape
     o, _, kh, kw = w.meta["val"].shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
@@ -172,7 +180,7 @@ def _im2col(graph, node, operands, per_tensor, outputs):
         win = call(_aten.unfold.default, (call(_aten.unfold.default, (padded, 2, kh, sh)), 3, kw, sw)) if (dh, dw) == (1, 1) else None
         if win is not None:
             cols = call(_aten.clone.default, (call(_aten.permute.default, (win, [0, 2, 3, 1, 4, 5])),), {"memory_format": torch.contiguous_format})
-            cols = call(_aten.view.default, (cols, [n * ho * wo, c * kh * kw]))
+            cols = call(_aten.view.default, (cols, [-1, c * kh * kw]))
         else:
             taps = []
             for i in range(kh):
@@ -180,14 +188,17 @@ def _im2col(graph, node, operands, per_tensor, outputs):
                 for j in range(kw):
                     taps.append(call(_aten.slice.Tensor, (rows, 3, j * dw, j * dw + (wo - 1) * sw + 1, sw)))
             cols = call(_aten.stack.default, (taps, 2))  # [N, C, kh*kw, Ho, Wo]: K ordered (c, i, j) as the weight's
-            cols = call(_aten.view.default, (cols, [n, c * kh * kw, ho * wo]))
+            cols = call(_aten.view.default, (cols, [-1, c * kh * kw, ho * wo]))
             cols = call(_aten.clone.default, (call(_aten.permute.default, (cols, [0, 2, 1])),), {"memory_format": torch.contiguous_format})
-            cols = call(_aten.view.default, (cols, [n * ho * wo, c * kh * kw]))
+            cols = call(_aten.view.default, (cols, [-1, c * kh * kw]))
         a = call(per_tensor, (cols, *x.args[1:]), dict(x.kwargs))
-        wq = call(_aten.view.default, (w.args[0], [o, c * kh * kw]))
+        wq = w.args[0]
+        if not w.args[0].meta["val"].is_contiguous():  # a channels-last model's weight: copied (a constant IREE folds)
+            wq = call(_aten.clone.default, (wq,), {"memory_format": torch.contiguous_format})
+        wq = call(_aten.view.default, (wq, [o, c * kh * kw]))
         b = call(_aten.permute.default, (call(w.target, (wq, *w.args[1:]), dict(w.kwargs)), [1, 0]))
         out = call(_aten.addmm.default, (bias, a, b)) if bias is not None else call(_aten.mm.default, (a, b))
-        out = call(_aten.view.default, (out, [n, ho, wo, o]))
+        out = call(_aten.view.default, (out, [-1, ho, wo, o]))
         out = call(_aten.clone.default, (call(_aten.permute.default, (out, [0, 3, 1, 2])),), {"memory_format": torch.contiguous_format})
     _packed.replace(graph, node, out, outputs)
     return a

@@ -32,7 +32,7 @@ from llmc.passes._base import GraphPass, Requires, fill_fake_values, has_qdq, re
 _aten = torch.ops.aten
 
 
-def _applies(ctx) -> str | None:
+def runs_for(ctx) -> str | None:
     if ctx.options.get("int8_math") == "float":
         return None
     if not getattr(ctx.arch, "int64", True):
@@ -40,7 +40,7 @@ def _applies(ctx) -> str | None:
     return f"arch {ctx.target.arch} lowers int8 contractions in integer arithmetic (it has int64); --int8-math float forces this form"
 
 
-@register_pass("qdq-float", Requires(check=_applies))
+@register_pass("qdq-float", Requires(check=runs_for))
 class QdqFloatPass(GraphPass):
     def applies(self, program) -> bool:
         return has_qdq(program)
@@ -93,6 +93,10 @@ class QdqFloatPass(GraphPass):
                     value = graph.call_function(_aten._to_copy.default, (value,), {"dtype": dtype})
                 self._replace(graph, node, value)
                 self.stats.rewrite("quantize per tensor")
+        for rec in self.ctx.records.get("quantization", ()):
+            if rec["entry"] == self.ctx.entry and rec["form"] == "integer":
+                rec["form"] = "float"
+                rec["why"] = "qdq-float: quantize / dequantize as f32 math (arch without int64, or --int8-math float)"
         fill_fake_values(graph)
         graph.eliminate_dead_code()
         graph.lint()

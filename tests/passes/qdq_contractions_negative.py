@@ -1,8 +1,7 @@
 # RUN: %python %s %t.pt2
 # RUN: llmc-opt %t.pt2 --pipeline --target cpu | filecheck %s
 # Left alone: a matmul whose operand is dequantized through an elementwise op (not a layout op:
-# relu(dequant(q)) is not dequant(relu(q)) unless the zero point is the range's minimum), and a float
-# program without Q/DQ (no rewrite, nothing recorded).
+# relu(dequant(q)) is not dequant(relu(q)) unless the zero point is the range's minimum).
 import sys
 
 import torch
