@@ -275,13 +275,14 @@ def has_qdq(program) -> bool:
                for n in program.graph.nodes)
 
 
-def fill_fake_values(graph) -> None:
+def fill_fake_values(graph, mode=None) -> None:
     """Fake-tensor values (node.meta['val']) for every call node a pass added without one, computed
     in graph order from their inputs' values under the program's fake mode: torch-mlir's importer
     types each value from them."""
     import torch
 
-    mode = next((v.fake_mode for n in graph.nodes if hasattr(v := n.meta.get("val"), "fake_mode")), None)
+    if mode is None:
+        mode = next((v.fake_mode for n in graph.nodes if hasattr(v := n.meta.get("val"), "fake_mode")), None)
     for n in graph.nodes:
         if n.op != "call_function" or "val" in n.meta:
             continue

@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import torch
 
+from llmc.passes._base import fill_fake_values
+
 _aten = torch.ops.aten
 
 PACK = 8  # output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
@@ -237,13 +239,4 @@ def propagate_fake(graph, node, scale_node, fake, stored, scale) -> None:
     node.meta["val"] = mode.from_tensor(stored, static_shapes=True) if mode is not None else stored
     if scale_node is not None:
         scale_node.meta["val"] = mode.from_tensor(scale, static_shapes=True) if mode is not None else scale
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    pending = sorted((n for n in graph.nodes if n.op == "call_function" and "val" not in n.meta), key=order.get)
-    for n in pending:
-        args = torch.fx.node.map_arg(n.args, lambda a: a.meta["val"])
-        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: a.meta["val"])
-        if mode is not None:
-            with mode:
-                n.meta["val"] = n.target(*args, **kwargs)
-        else:
-            n.meta["val"] = n.target(*args, **kwargs)
+    fill_fake_values(graph, mode)

@@ -12,12 +12,11 @@ than vulkan compile only here: their modules are inspected for the same integer 
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
 import torch
-from conftest import llmc_in_process
+from conftest import llmc_in_process, vulkan_or_skip
 
 import llmc
 from llmc.compiler import vmfb
@@ -25,19 +24,6 @@ from llmc.models import quantized
 
 CASES = [(m, s) for m in ("convnet", "mlp") for s in quantized.SCHEMES]
 N_ROWS = 32
-
-
-def _vulkan_or_skip():
-    from llmc.runtime import vulkan_probe
-
-    try:
-        devices, why = vulkan_probe.probe(), "no lavapipe device"
-    except vulkan_probe.VulkanUnavailable as e:
-        devices, why = [], str(e)
-    if not any("llvmpipe" in d.name for d in devices):
-        if os.environ.get("LLMC_REQUIRE_VULKAN"):
-            pytest.fail(f"LLMC_REQUIRE_VULKAN is set but lavapipe is not usable: {why}")
-        pytest.skip(f"Mesa lavapipe not available ({why}); apt-get install mesa-vulkan-drivers libvulkan1")
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +61,7 @@ def _rows(example_batch: int, shape) -> torch.Tensor:
 @pytest.mark.parametrize("name,scheme", CASES)
 def test_pt2e_program_matches_eager(programs, name, scheme, target, tmp_path):
     if target == "vulkan":
-        _vulkan_or_skip()
+        vulkan_or_skip()
     path, converted, float_bytes, batch = programs[name, scheme]
     # In process: `llmc compile` is this call behind the CLI (its exit codes: the refusal tests below).
     llmc.compile(path, target=target, output=tmp_path / "q.vmfb")
