@@ -134,7 +134,7 @@ def open_device(manifest: dict, requested: str | None, vmfb, *, fresh: bool = Fa
     """An iree.runtime.Config on the device the module should run on, after the checks above.
 
     IREE caches one device per name for the process; `fresh` opens a new one instead (used after the
-    cached one was lost, see Module._vm_module_handle).
+    cached one was lost, see Module._ensure_loaded).
     """
     import iree.runtime as rt
 

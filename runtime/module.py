@@ -99,15 +99,12 @@ class EntryPoint:
     """One exported function: signature checking, conversion in and out, and the call."""
 
     def __init__(self, module: "Module", name: str, spec: dict):
-        self._module = module
+        self._module = module  # the module does not point back: no reference cycle (see Module)
         self.name = name
         self.spec = spec
-        self._fn = None
 
     def _function(self):
-        if self._fn is None:
-            self._fn = self._module._vm_module_handle()[self.spec.get("function", self.name)]
-        return self._fn
+        return self._module.function(self.spec.get("function", self.name))
 
     def _flatten(self, args, kwargs):
         import torch.utils._pytree as pytree
@@ -207,7 +204,16 @@ def shape_text(shape: list) -> str:
 
 
 class Module:
-    """A loaded llmc module. Call it like the PyTorch model; entry points are attributes too."""
+    """A loaded llmc module. Call it like the PyTorch model; entry points are attributes too.
+
+    IREE's objects are freed when the Module is: nothing here (nor in its entry points) forms a
+    reference cycle, so they go by reference count, in order (functions, context, device), not
+    whenever Python's cycle collector gets to them in whatever order it picks. A collector pass that
+    freed a Vulkan module's context midway through an unrelated call crashed the process (seen in
+    CI: "Fatal Python error: Segmentation fault ... Garbage-collecting"); iree.runtime's own
+    load_vm_modules builds such a cycle (SystemContext <-> BoundModule), so it is not used.
+    `close()` (or `with llmc.load(...) as mod:`) frees them at a chosen point; the next call loads again.
+    """
 
     def __init__(self, vmfb: Path, *, device: str | None = None, threads: int | None = None):
         self.vmfb = Path(vmfb)
@@ -228,11 +234,15 @@ class Module:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise RuntimeLoadError(f"threads={threads!r}: give a whole number of worker threads, 1 or more (or None for IREE's default)")
         self.threads = threads
-        self._vm = None
+        self._loaded = None  # _Loaded: IREE's context, main module and device, once the module is loaded
         self._tokenizer = None
         self.last_generation = None  # the last generate() / generate_text() run (runtime/generate.py: Generation)
-        self.entry_points = {name: EntryPoint(self, name, spec) for name, spec in self.manifest["entry_points"].items()}
-        self.default_entry = self.manifest.get("default_entry", next(iter(self.entry_points)))
+        self.default_entry = self.manifest.get("default_entry", next(iter(self.manifest["entry_points"])))
+
+    @property
+    def entry_points(self) -> dict[str, EntryPoint]:
+        """name -> EntryPoint (made on each access: entry points point to the module, not back)."""
+        return {name: EntryPoint(self, name, spec) for name, spec in self.manifest["entry_points"].items()}
 
     def _check_cpu(self):
         target = self.manifest.get("target", {})
@@ -265,8 +275,8 @@ class Module:
                 "this CPU lacks them; recompile with --arch host"
             )
 
-    def _vm_module_handle(self):
-        if self._vm is None:
+    def _ensure_loaded(self) -> "_Loaded":
+        if self._loaded is None:
             import iree.runtime as rt
 
             if self.threads:
@@ -277,7 +287,7 @@ class Module:
                 config = open_device(self.manifest, self.device_name, self.vmfb, fresh=fresh)
                 self._warm_cpu_data(config)
                 try:
-                    self._vm, self._config = self._load_on(config)
+                    self._loaded = self._load_on(config)
                     break
                 except Exception as e:
                     if fresh or not is_device_lost(e):
@@ -289,7 +299,32 @@ class Module:
                     # device stays lost and IREE caches one per name: load once more on a new device.
                     log.warning("%s: the Vulkan device was lost while loading (%s); retrying once on a new device",
                                 self.vmfb, first_line(e))
-        return self._vm
+        return self._loaded
+
+    def function(self, name: str):
+        """IREE's invoker for the module function `name` (loads the module on first use)."""
+        loaded = self._ensure_loaded()
+        fn = loaded.functions.get(name)
+        if fn is None:
+            import iree.runtime as rt
+
+            vm_function = loaded.main.lookup_function(name)
+            if vm_function is None:
+                raise RuntimeLoadError(f"{self.vmfb}: the module has no function {name!r}; the manifest does not match it, recompile")
+            fn = loaded.functions[name] = rt.FunctionInvoker(loaded.context, loaded.config.device, vm_function)
+        return fn
+
+    def close(self) -> None:
+        """Free the module's IREE state now (its device memory included); a later call loads it again."""
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None:
+            loaded.release()
+
+    def __enter__(self) -> "Module":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def widens_bf16_inputs(self) -> bool:
@@ -317,10 +352,13 @@ class Module:
 
         probe = self.vmfb.with_name(target["cpu_probe"])
         try:
-            ctx = rt.load_vm_modules(rt.create_hal_module(config.vm_instance, config.device),
-                                     rt.VmModule.mmap(config.vm_instance, str(probe)), config=config)
+            loaded = _Loaded.create(config, [rt.create_hal_module(config.vm_instance, config.device),
+                                             rt.VmModule.mmap(config.vm_instance, str(probe))])
             ones = np.ones(16, np.float32)
-            ok = np.array_equal(np.asarray(ctx[-1].probe(ones, ones).to_host()), ones * 2)
+            fn = rt.FunctionInvoker(loaded.context, config.device, loaded.main.lookup_function("probe"))
+            ok = np.array_equal(np.asarray(fn(ones, ones).to_host()), ones * 2)
+            del fn
+            loaded.release()
         except Exception as e:
             raise RuntimeLoadError(f"{probe}: IREE could not run the CPU probe: {first_line(e)}") from e
         if not ok:
@@ -329,8 +367,8 @@ class Module:
         log.info("%s: CPU variants %s; this CPU runs %s", self.vmfb.name,
                  ", ".join(v["cpu"] for v in target["cpu_variants"]), self.cpu_variant)
 
-    def _load_on(self, config):
-        """(the module's VM handle, config) with its parameters and the HAL on config's device."""
+    def _load_on(self, config) -> "_Loaded":
+        """The module in a new VM context with its parameters and the HAL on config's device."""
         import iree.runtime as rt
 
         modules = []
@@ -340,32 +378,12 @@ class Module:
             modules.append(rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope=PARAM_SCOPE)))
         modules.append(rt.create_hal_module(config.vm_instance, config.device))
         modules.append(rt.VmModule.mmap(config.vm_instance, str(self._module_file)))
-        return rt.load_vm_modules(*modules, config=config)[-1], config
+        return _Loaded.create(config, modules)
 
     def _unflatten(self, structure: dict, values: list):
-        it = iter(values)
-
-        def to_torch(v):
-            return dtypes.to_torch(self.host(v))  # a copy: device memory is not ours to keep
-
-        def build(s):
-            kind = s["type"]
-            if kind == "tensor":
-                return to_torch(next(it))
-            if kind == "none":
-                return None
-            if kind == "constant":
-                return s["value"]
-            children = [build(c) for c in s["children"]]
-            if kind == "tuple":
-                return tuple(children)
-            if kind == "list":
-                return children
-            if kind == "dict":
-                return dict(zip(s["keys"], children))
-            raise RuntimeLoadError(f"{self.vmfb}: unknown output structure {kind!r} in the manifest")
-
-        return build(structure)
+        # Host copies (device memory is not ours to keep). A module-level builder, not a recursive
+        # closure: one that names itself and captures self would make a cycle holding the Module.
+        return _build(structure, iter([dtypes.to_torch(self.host(v)) for v in values]), self.vmfb)
 
     def host(self, value) -> np.ndarray:
         """A result's values on the host.
@@ -388,8 +406,7 @@ class Module:
 
     @property
     def _device(self):
-        self._vm_module_handle()
-        return self._config.device
+        return self._ensure_loaded().config.device
 
     def generate(self, prompt_ids, max_new_tokens: int = 32, **options) -> list[int]:
         """Generate `max_new_tokens` token ids after `prompt_ids` (a language-model module only).
@@ -449,16 +466,63 @@ class Module:
         return self.last_generation.text
 
     def __getattr__(self, name):
-        eps = self.__dict__.get("entry_points", {})
-        if name in eps:
-            return eps[name]
+        specs = self.__dict__.get("manifest", {}).get("entry_points", {})
+        if name in specs:
+            return EntryPoint(self, name, specs[name])
         raise AttributeError(f"llmc module {self.__dict__.get('vmfb')} has no entry point {name!r}")
 
     def __call__(self, *args, **kwargs):
-        return self.entry_points[self.default_entry](*args, **kwargs)
+        return EntryPoint(self, self.default_entry, self.manifest["entry_points"][self.default_entry])(*args, **kwargs)
 
     def __repr__(self):
         return f"<llmc.Module {self.vmfb.name} target={self.manifest.get('target', {}).get('name')} entries={list(self.entry_points)}>"
+
+
+def _build(s: dict, tensors, vmfb):
+    """The output structure the manifest records, filled with `tensors` in order."""
+    kind = s["type"]
+    if kind == "tensor":
+        return next(tensors)
+    if kind == "none":
+        return None
+    if kind == "constant":
+        return s["value"]
+    children = [_build(c, tensors, vmfb) for c in s["children"]]
+    if kind == "tuple":
+        return tuple(children)
+    if kind == "list":
+        return children
+    if kind == "dict":
+        return dict(zip(s["keys"], children))
+    raise RuntimeLoadError(f"{vmfb}: unknown output structure {kind!r} in the manifest")
+
+
+class _Loaded:
+    """One VM context and what it runs on. Holds no reference back to the Module."""
+
+    def __init__(self, config, context, main):
+        self.config = config  # iree.runtime.Config: the VM instance and the device
+        self.context = context  # iree.runtime.VmContext with [io_parameters,] hal, main
+        self.main = main  # the main VmModule
+        self.functions: dict = {}  # name -> iree.runtime.FunctionInvoker
+
+    @classmethod
+    def create(cls, config, modules: list) -> "_Loaded":
+        """A VmContext over `modules` (the last is the main one), made directly: no SystemContext."""
+        import iree.runtime as rt
+
+        return cls(config, rt.VmContext(config.vm_instance, modules=modules), modules[-1])
+
+    def release(self) -> None:
+        """Drop IREE's objects users first: invokers, then the context, its modules, the device."""
+        self.functions.clear()
+        self.context = None
+        self.main = None
+        self.config = None
+
+    def __del__(self):
+        if self.context is not None:
+            self.release()
 
 
 def _staged_copy(value, device) -> np.ndarray:

@@ -36,17 +36,17 @@ def time_llmc(mod, prompt, steps, reps):
     from llmc.runtime.generate import Generator
 
     gen = Generator(mod)
-    vm, device = mod._vm_module_handle(), mod._device
+    prefill, decode, device = mod.function("prefill"), mod.function("decode"), mod._device
     per_rep = []
     for _ in range(reps):
         cache = gen._new_cache(device)
-        out = list(vm["prefill"](np.asarray([prompt], dtype=np.int64), *cache))
+        out = list(prefill(np.asarray([prompt], dtype=np.int64), *cache))
         n = len(prompt)
         tok = int(np.argmax(out[0].to_host().reshape(-1)))
         start = time.perf_counter()
         for _ in range(steps):
             n += 1
-            out = list(vm["decode"](np.asarray([[tok]], dtype=np.int64), np.ones((1, n), dtype=np.int64), *out[1:]))
+            out = list(decode(np.asarray([[tok]], dtype=np.int64), np.ones((1, n), dtype=np.int64), *out[1:]))
             tok = int(np.argmax(out[0].to_host().reshape(-1)))
         per_rep.append((time.perf_counter() - start) / steps)
     return statistics.median(per_rep), tok

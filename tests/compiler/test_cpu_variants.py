@@ -135,7 +135,7 @@ def test_a_broken_probe_is_a_clear_error(portable, tmp_path, monkeypatch):
     monkeypatch.setattr(rt_module, "_CPU_DATA_READY", False)  # as in a fresh process
     mod = llmc.load(tmp_path / portable.vmfb.name)
     with pytest.raises(RuntimeLoadError, match=r"mlp\.cpu-probe\.vmfb: IREE could not run the CPU probe: ") as e:
-        mod._vm_module_handle()
+        mod.function("main")
     assert e.value.exit_code == 2 and "\n" not in str(e.value)
     assert rt_module._CPU_DATA_READY is False  # a failed probe is not taken as done
 
