@@ -36,7 +36,7 @@ def compile_model(
     max_seq_len: int | None = None,
     config=None,
     quant_exclude: tuple[str, ...] = (),
-    quant_embeddings: bool = False,
+    quant_embeddings: bool | None = None,
     fp8_exclude: tuple[str, ...] = (),
     fp8_scales: str = "channel",
     fp8_embeddings: bool = False,
@@ -58,7 +58,8 @@ def compile_model(
     config.json beside it) needs its config: a name (`llama3-8b`, see models/llama/config.py) or a
     params.json / config.json path.
     quant_exclude (--dtype fp8 or int8): weight names (fnmatch patterns, e.g. "lm_head.*") kept in
-    the compute dtype; quant_embeddings: embedding tables quantized too (one scale per row).
+    the compute dtype; quant_embeddings: embedding tables quantized too (one scale per row); None: the
+    dtype's default (int8 yes, fp8 no: lower.EMBEDDINGS_BY_DEFAULT).
     fp8_exclude / fp8_embeddings: the older names of the same two options (both spellings count).
     fp8_scales (--dtype fp8): one scale per output channel ("channel") or per tensor ("tensor").
     cpu_dispatch: with several CPUs in `arch` (e.g. "portable"): "modules" writes one .vmfb per CPU

@@ -61,8 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--dtype fp8/int8: keep weights whose name matches (fnmatch, e.g. 'lm_head.*') in the compute dtype; repeatable (--fp8-exclude is the older name)")
     c.add_argument("--fp8-scales", choices=("channel", "tensor"), default="channel", help="--dtype fp8: one scale per output channel (default) or per tensor")
     c.add_argument("--cpu-dispatch", choices=("modules", "variants"), default="modules", help="several CPUs in --arch: one .vmfb per CPU sharing the .irpa, llmc.load runs the best (modules, the default), or one .vmfb with a variant per executable, IREE picks (variants; no data tiling in IREE 3.13)")
-    c.add_argument("--quant-embeddings", "--fp8-embeddings", dest="quant_embeddings", action="store_true",
-                   help="--dtype fp8/int8: embedding tables quantized too (one scale per row; only the gathered rows are decoded; --fp8-embeddings is the older name)")
+    c.add_argument("--quant-embeddings", "--fp8-embeddings", dest="quant_embeddings", action="store_const", const=True, default=None,
+                   help="--dtype fp8/int8: embedding tables quantized too (one scale per row; only the gathered rows are decoded). "
+                        "The int8 default; --fp8-embeddings is the older name")
+    c.add_argument("--no-quant-embeddings", dest="quant_embeddings", action="store_const", const=False,
+                   help="--dtype fp8/int8: embedding tables stay in the compute dtype (the fp8 default)")
     c.add_argument("--int8-math", choices=("integer", "float"), default="integer",
                    help="int8 (PT2E) programs: i8 x i8 -> i32 contractions where the arch can (integer, the default) or quantize/dequantize as f32 math everywhere (float)")
     c.add_argument("--json", action="store_true", help="print the artifact paths and manifest summary as JSON")

@@ -3,7 +3,8 @@
 Matches:  with `--dtype int8`, every floating 2-D parameter of the exported program that feeds a
           matrix product (aten.mm / addmm / bmm / matmul / linear, through views and transposes): the
           linear layers, and an embedding table tied to the output head. Other embedding tables are
-          left alone unless the `quant_embeddings` option is set (--quant-embeddings); parameters
+          left alone unless the `quant_embeddings` option is set (set by `llmc compile --dtype int8`
+          unless --no-quant-embeddings: compiler/lower.py EMBEDDINGS_BY_DEFAULT); parameters
           matching a `quant_exclude` pattern (--quant-exclude, fnmatch on the stored name, e.g.
           `lm_head.*`) and written buffers are left alone, with the reason in the stats.
 Produces: per output channel (row) s = amax|w_row| / 127 (1 for an all-zero row), q = round(w / s)

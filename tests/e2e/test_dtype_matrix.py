@@ -148,10 +148,9 @@ def test_cell_slow(model, tmp_path, target, arch, dtype):
 
 def _cell(model, tmp_path, target, arch, dtype):
     if target == "vulkan":
-        from llmc.runtime.device import usable_devices
+        from conftest import vulkan_or_skip
 
-        if "vulkan" not in usable_devices():
-            pytest.skip("no Vulkan driver (apt-get install mesa-vulkan-drivers libvulkan1)")
+        vulkan_or_skip()
     m, args = model
     art = _compile(model, tmp_path, target, arch, dtype)
     manifest = art.read_manifest()

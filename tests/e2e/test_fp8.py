@@ -135,10 +135,9 @@ def test_cpu_fp8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_fp8):
 
 
 def test_vulkan_fp8_diff_passes(checkpoint, tmp_path):
-    from llmc.runtime.device import usable_devices
+    from conftest import vulkan_or_skip
 
-    if "vulkan" not in usable_devices():
-        pytest.skip("no Vulkan driver (apt-get install mesa-vulkan-drivers libvulkan1)")
+    vulkan_or_skip()
     art = llmc.compile(checkpoint / "hf", target="vulkan", dtype="fp8", output=tmp_path / "vk.vmfb", max_seq_len=MAX_SEQ)
     r = _llmc("diff", checkpoint / "hf", art.vmfb)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -15,7 +15,6 @@
 
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -27,6 +26,8 @@ from llmc.compiler import targets, vmfb
 from llmc.errors import RuntimeLoadError
 from llmc.models.llama.config import get_config
 from llmc.tools.make_checkpoint import write_checkpoint
+
+from conftest import vulkan_or_skip
 
 MAX_SEQ = 64
 PROMPT = [1, 77, 30, 5, 42, 9, 200, 13]
@@ -49,21 +50,6 @@ ALL_CELLS = [
     for a in targets.TARGETS[t].archs
     for d in ("f32", "f16", "bf16", "fp8", "int8")
 ]
-
-
-def _vulkan_or_skip():
-    from llmc.runtime import vulkan_probe
-
-    try:
-        devices = vulkan_probe.probe()
-    except vulkan_probe.VulkanUnavailable as e:
-        devices, why = [], str(e)
-    else:
-        why = "no Vulkan device"
-    if not any("llvmpipe" in d.name for d in devices):
-        if os.environ.get("LLMC_REQUIRE_VULKAN"):
-            pytest.fail(f"LLMC_REQUIRE_VULKAN is set but lavapipe is not usable: {why}")
-        pytest.skip(f"Mesa lavapipe not available ({why}); apt-get install mesa-vulkan-drivers libvulkan1")
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +152,7 @@ def test_compiles_for_every_gpu_cell(checkpoint, tmp_path, target, arch, dtype):
 
 @pytest.fixture(scope="module")
 def vulkan_f32(checkpoint, tmp_path_factory):
-    _vulkan_or_skip()
+    vulkan_or_skip()
     return _compile(checkpoint, tmp_path_factory.mktemp("vk"), "vulkan", None, "f32")
 
 

@@ -1,13 +1,13 @@
 """`--dtype int8` (weight-only, per-channel) end to end on the tiny Llama (HF checkpoint, f32 random
 weights, seed 3: the checkpoint tests/e2e/test_fp8.py uses).
 
-- cpu, with the embedding table in int8 too (`quant_embeddings`): the first 8 greedy tokens equal
+- cpu, with the embedding table in int8 too (the int8 default): the first 8 greedy tokens equal
   eager f32's (transformers' LlamaForCausalLM with the original weights), the .irpa is at most 0.35x
   the f32 build's, every quantized weight is 1 byte per element plus one f32 scale per row, and
   `llmc diff` passes both references (eager f32 with the original weights under the int8 profile;
   eager f32 with the same int8 weights under the f32 profile).
-- cpu through the CLI with `--quant-exclude 'lm_head.*'`: the output head stays f32 and 8 tokens
-  equal eager f32 with the same weights.
+- cpu through the CLI with `--quant-exclude 'lm_head.*' --no-quant-embeddings`: the output head and
+  the embedding table stay f32 and 8 tokens equal eager f32 with the same weights.
 - vulkan (lavapipe, f16 math): the module decodes the same 8 tokens and `llmc diff` passes.
 GPU compile-only cells (hip, cuda: the codes reach the matmul dispatches as i8) are in
 tests/e2e/test_gpu_targets.py and tests/e2e/test_dtype_matrix.py.
@@ -40,7 +40,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cpu_int8(checkpoint):
-    return llmc.compile(checkpoint / "hf", dtype="int8", output=checkpoint / "int8.vmfb", max_seq_len=MAX_SEQ, quant_embeddings=True)
+    return llmc.compile(checkpoint / "hf", dtype="int8", output=checkpoint / "int8.vmfb", max_seq_len=MAX_SEQ)
 
 
 @pytest.fixture(scope="module")
@@ -106,17 +106,21 @@ def test_cpu_int8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_int8):
 
 
 def test_cli_quant_exclude_keeps_the_output_head_in_float(checkpoint, tmp_path):
-    """`--dtype int8 --quant-exclude 'lm_head.*'`: the head (the .irpa's name, not the export
-    wrapper's) stays f32; 8 greedy tokens equal transformers with the other linears dequantized."""
+    """`--dtype int8 --quant-exclude 'lm_head.*' --no-quant-embeddings`: the head (the .irpa's name,
+    not the export wrapper's) and the embedding table stay f32; 8 greedy tokens equal transformers
+    with the other linears dequantized."""
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "int8-head.vmfb"
-    r = _llmc("compile", checkpoint / "hf", "--dtype", "int8", "--quant-exclude", "lm_head.*", "--max-seq-len", MAX_SEQ, "-o", out)
+    r = _llmc("compile", checkpoint / "hf", "--dtype", "int8", "--quant-exclude", "lm_head.*", "--no-quant-embeddings",
+              "--max-seq-len", MAX_SEQ, "-o", out)
     assert r.returncode == 0, r.stdout + r.stderr
     manifest = json.loads(out.with_suffix(".json").read_text())
     stats = next(p for p in manifest["passes"] if p["name"] == "int8-weights")
     assert sorted(stats["decline_reasons"]) == ["embedding table (set quant_embeddings to quantize it)", "excluded by 'lm_head.*'"]
+    assert manifest["target"]["pass_options"] == {"quant_exclude": ["lm_head.*"], "quant_embeddings": False}
     sizes = _irpa_sizes(out.with_suffix(".irpa"))
     shapes = _shapes(checkpoint / "hf")
+    assert "model.embed_tokens.weight_int8_scale" not in sizes
     assert "lm_head.weight_int8_scale" not in sizes and sizes["lm_head.weight"] == 4 * math.prod(shapes["lm_head.weight"])
     hf = transformers.LlamaForCausalLM.from_pretrained(checkpoint / "hf", torch_dtype=torch.float32).eval()
     with torch.no_grad():
@@ -127,11 +131,20 @@ def test_cli_quant_exclude_keeps_the_output_head_in_float(checkpoint, tmp_path):
     assert llmc.load(out).generate(PROMPT, 8, stop_at_eos=False) == want[0, len(PROMPT):].tolist()
 
 
-def test_vulkan_int8_decodes_the_same_tokens_and_diff_passes(checkpoint, tmp_path, eager_tokens):
-    from llmc.runtime.device import usable_devices
+@pytest.mark.parametrize("flag", ["--no-quant-embeddings", "--quant-embeddings"])
+def test_embedding_flags_refused_without_a_quantized_dtype(checkpoint, tmp_path, flag):
+    from conftest import llmc_in_process
 
-    if "vulkan" not in usable_devices():
-        pytest.skip("no Vulkan driver (apt-get install mesa-vulkan-drivers libvulkan1)")
+    r = llmc_in_process("compile", checkpoint / "hf", "--dtype", "bf16", flag, "-o", tmp_path / "x.vmfb")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--[no-]quant-embeddings" in r.stderr and "only (compiling bf16)" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_vulkan_int8_decodes_the_same_tokens_and_diff_passes(checkpoint, tmp_path, eager_tokens):
+    from conftest import vulkan_or_skip
+
+    vulkan_or_skip()
     art = llmc.compile(checkpoint / "hf", target="vulkan", dtype="int8", output=tmp_path / "vk.vmfb", max_seq_len=MAX_SEQ)
     assert art.read_manifest()["compute_dtype"] == "f16"
     assert llmc.load(art).generate(PROMPT, 8, stop_at_eos=False) == eager_tokens

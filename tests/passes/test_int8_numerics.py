@@ -187,10 +187,9 @@ def test_cpu_linear_stack_matches_eager_on_the_same_weights(stack, tmp_path, row
 
 
 def test_vulkan_linear_stack_matches_eager_on_the_same_weights(stack, tmp_path):
-    from llmc.runtime.device import usable_devices
+    from conftest import vulkan_or_skip
 
-    if "vulkan" not in usable_devices():
-        pytest.skip("no Vulkan driver (apt-get install mesa-vulkan-drivers libvulkan1)")
+    vulkan_or_skip()
     got, want, orig, manifest = _compiled_vs_same_weights(stack, tmp_path, "vulkan", stack[2])
     assert manifest["compute_dtype"] == "f16"
     # f16 math (weights, activations): a few f16 roundings along 3 layers.
