@@ -165,10 +165,12 @@ def _cell(model, tmp_path, target, arch, dtype):
         assert len(attention) == 1 and "decompose-attention" not in ran, info.dispatches
     else:  # decomposed by llmc (llvm-cpu: speed; SPIR-V: IREE cannot compile the fused op)
         assert not attention and ran["decompose-attention"]["rewrote"] == 1, info.dispatches
+    # The 8 linear weights, and for int8 the embedding table too (its default; fp8's is float). Not
+    # the spectral-norm W: it reaches its products through a division (only views are followed),
+    # so it stays in the compute dtype.
+    quantized = {"fp8": 8, "int8": 9}.get(dtype)
     if dtype in ("fp8", "int8"):
-        # The 8 linear weights. Not the spectral-norm W: it reaches its products
-        # through a division (only views are followed), so it stays in the compute dtype.
-        assert ran[f"{dtype}-weights"]["rewrote"] == 8, ran[f"{dtype}-weights"]
+        assert ran[f"{dtype}-weights"]["rewrote"] == quantized, ran[f"{dtype}-weights"]
         # Decoded where used, not once at load into a widened copy (compiler/targets.py _NARROW_FLAGS).
         hoisted = [d for d in info.dispatches if d.startswith("_initializer") and ("i8x" in d or "f8E4M3" in d)]
         assert not hoisted, hoisted
@@ -195,7 +197,7 @@ def _cell(model, tmp_path, target, arch, dtype):
         from llmc.compiler.diff_eager import same_quantized_weights
 
         same = copy.deepcopy(m)
-        assert same_quantized_weights(same, art.params, manifest) == 8
+        assert same_quantized_weights(same, art.params, manifest) == quantized
         want_same = _eager(same, args, TORCH[compute])
         _check_rows(got, want_same, 0.9999, sigma_rel=1e-3 if compute == "f16" else 1e-5)
         assert not all(torch.equal(a, b) for a, b in zip(want, want_same))  # the quantization is visible

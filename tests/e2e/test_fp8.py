@@ -134,6 +134,9 @@ def test_cpu_fp8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_fp8):
     assert "and vs the same fp8 weights" in r.stdout
 
 
+# Slow (52 s in CI): tests/e2e/test_dtype_matrix.py's vulkan-fp8 cell runs fp8 linears on lavapipe
+# against eager with the same quantized weights in 17 s; this adds the whole-Llama llmc diff.
+@pytest.mark.slow
 def test_vulkan_fp8_diff_passes(checkpoint, tmp_path):
     from conftest import vulkan_or_skip
 

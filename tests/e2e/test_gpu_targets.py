@@ -119,7 +119,8 @@ def _check_cell(checkpoint, tmp_path, target, arch, dtype):
         assert ran["fp8-weights"]["forms"] == {f"per-channel {decode}": 2 * len(linear_names(checkpoint))}  # prefill + decode
         assert manifest["compute_dtype"] == "f16"
     if dtype == "int8":  # the int8 codes reach the matmul dispatches as i8: no dispatch converts them on its own
-        assert ran["int8-weights"]["forms"] == {"per-channel int8": 2 * len(linear_names(checkpoint))}  # prefill + decode
+        # Every linear and the embedding table (int8's default), in prefill and in decode.
+        assert ran["int8-weights"]["forms"] == {"per-channel int8": 2 * (len(linear_names(checkpoint)) + 1)}
         assert manifest["compute_dtype"] == "f16"
         converts = [d for d in info.dispatches if "i8x" in d or d.startswith("_initializer")]
         assert not converts and any("matmul" in d for d in info.dispatches), info.dispatches
@@ -133,7 +134,8 @@ def test_compiles_for_gpu_arch(checkpoint, tmp_path, target, arch, dtype):
     shapes = _checkpoint_numels(checkpoint[0])
     width = {"f32": 4, "f16": 2, "bf16": 2, "fp8": 2, "int8": 2}[dtype]  # bf16 on SPIR-V too: stored as 16-bit words
     linear = {k for k in shapes if k.endswith("proj.weight") or k == "lm_head.weight"}
-    assert {k: sizes[k] for k in shapes} == {k: n * (1 if dtype in ("fp8", "int8") and k in linear else width) for k, n in shapes.items()}
+    one_byte = {"fp8": linear, "int8": linear | {"model.embed_tokens.weight"}}.get(dtype, set())  # int8: the table too
+    assert {k: sizes[k] for k in shapes} == {k: n * (1 if k in one_byte else width) for k, n in shapes.items()}
     cache_dtype = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "fp8": "float16", "int8": "float16"}[dtype]
     if dtype == "bf16" and target in ("xpu", "vulkan"):
         cache_dtype = "float32"
