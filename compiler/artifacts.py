@@ -82,12 +82,20 @@ def _dim(d, ep) -> int | dict:
         return d
     expr = d.node.expr
     rng = ep.range_constraints.get(expr)
-    lo = int(rng.lower) if rng is not None else 0
-    try:
-        hi = int(rng.upper) if rng is not None else 2**62
-    except (TypeError, ValueError, OverflowError):  # unbounded (int_oo)
-        hi = 2**62
+    lo = _bound(rng.lower, 0) if rng is not None else 0
+    hi = _bound(rng.upper, 2**62) if rng is not None else 2**62
     return {"name": _dim_name(d), "min": lo, "max": min(hi, 2**62)}
+
+
+def _bound(v, unbounded: int) -> int:
+    """A range end as an int; `unbounded` for torch's int_oo or sympy's oo (a Dim without max=).
+    (int() of sympy's Infinity raises AttributeError "'Infinity' object has no attribute '_mpf_'".)"""
+    if getattr(v, "is_finite", True) is False:
+        return unbounded
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return unbounded
 
 
 def _dim_name(d) -> str:

@@ -83,3 +83,20 @@ def test_recompile_replaces_artifacts_atomically(llama_art, tmp_path):
     llmc.compile(model, args, dtype="bf16", output=out)
     assert json.loads(out.with_suffix(".json").read_text())["dtype"] == "bf16" != json.loads(first)["dtype"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.irpa", "x.json", "x.vmfb"]
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 + 1
+
+
+def test_a_dynamic_dim_without_a_max_compiles_and_runs_at_any_size(tmp_path):
+    """torch.export.Dim("b") with no max= has the upper bound int_oo; the signature used to crash on
+    int() of it ("'Infinity' object has no attribute '_mpf_'", an llmc internal error)."""
+    art = llmc.compile(_Twice(), (torch.randn(3, 4),), dynamic_shapes=({0: torch.export.Dim("b")},), output=tmp_path / "t.vmfb")
+    dim = art.read_manifest()["entry_points"]["main"]["inputs"][0]["shape"][0]
+    assert dim["name"] == "b" and dim["max"] >= 2**31, dim
+    mod = llmc.load(art)
+    for rows in (1, 7, 300):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(mod(x), x * 2 + 1, rtol=0, atol=0)
