@@ -34,6 +34,7 @@ SOURCE_PASSES: list[str] = [
 ]
 GRAPH_PASSES: list[str] = [
     "slice-copy",  # torch-mlir has no aten.slice_copy lowering
+    "zero-k-products",  # mm/bmm with K = 0 (IREE 3.13 is killed by SIGFPE): the operands' sums multiplied
     "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
     "qdq-contractions",  # PT2E: each matmul/conv reads its dequantize directly (IREE then forms i8 x i8 -> i32); per-layer schemes for the manifest
     "int8-signed",  # PT2E uint8 activations as int8 (zero point - 128, exact): llvm-cpu's fast integer kernels are signed
