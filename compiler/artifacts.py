@@ -88,10 +88,8 @@ def _dim(d, ep) -> int | dict:
 
 
 def _bound(v, unbounded: int) -> int:
-    """A range end as an int; `unbounded` for torch's int_oo or sympy's oo (a Dim without max=).
-    (int() of sympy's Infinity raises AttributeError "'Infinity' object has no attribute '_mpf_'".)"""
-    if getattr(v, "is_finite", True) is False:
-        return unbounded
+    """A range end as an int; `unbounded` for torch's int_oo or sympy's oo (a Dim without max=):
+    int() of either raises AttributeError "'Infinity' object has no attribute '_mpf_'"."""
     try:
         return int(v)
     except (TypeError, ValueError, OverflowError, AttributeError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from llmc.passes import _packed
 from llmc.passes._base import GraphPass, Requires, fill_fake_values, register_pass
 
 _aten = torch.ops.aten
@@ -39,21 +40,15 @@ class ZeroKProductsPass(GraphPass):
     def run(self, program):
         graph = program.graph_module.graph
         for node in list(graph.nodes):
-            if node.op != "call_function" or node.target not in _PRODUCTS:
-                continue
-            if not _inner_is_zero(node):
+            if node.op != "call_function" or node.target not in _PRODUCTS or not _inner_is_zero(node):
                 continue
             with graph.inserting_before(node):
                 sa = graph.call_function(_aten.sum.dim_IntList, (node.args[0], [-1], True))
                 sb = graph.call_function(_aten.sum.dim_IntList, (node.args[1], [-2], True))
                 out = graph.call_function(_aten.mul.Tensor, (sa, sb))
-            fill_fake_values(graph)
-            node.replace_all_uses_with(out)
-            for spec in program.graph_signature.output_specs:  # outputs are found by these names
-                if getattr(spec.arg, "name", None) == node.name:
-                    spec.arg.name = out.name
-            graph.erase_node(node)
+            _packed.replace(graph, node, out, program.graph_signature.output_specs)
             self.stats.rewrite(str(node.target).split(".")[-2])
+        fill_fake_values(graph)  # once, for every node added above
         graph.lint()
         program.graph_module.recompile()
         return program

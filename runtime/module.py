@@ -475,7 +475,7 @@ class Module:
         return EntryPoint(self, self.default_entry, self.manifest["entry_points"][self.default_entry])(*args, **kwargs)
 
     def __repr__(self):
-        return f"<llmc.Module {self.vmfb.name} target={self.manifest.get('target', {}).get('name')} entries={list(self.entry_points)}>"
+        return f"<llmc.Module {self.vmfb.name} target={self.manifest.get('target', {}).get('name')} entries={list(self.manifest['entry_points'])}>"
 
 
 def _build(s: dict, tensors, vmfb):

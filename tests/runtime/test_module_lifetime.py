@@ -19,27 +19,18 @@ import pytest
 import torch
 
 import llmc
+from llmc.errors import RuntimeLoadError
+from llmc.models import zoo
+
 from conftest import vulkan_or_skip
-
-
-class _Mlp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up = torch.nn.Linear(32, 64)
-        self.down = torch.nn.Linear(64, 16)
-
-    def forward(self, x):
-        return self.down(torch.relu(self.up(x)))
 
 
 @pytest.fixture(scope="module", params=["cpu", "vulkan"])
 def compiled(request, tmp_path_factory):
     if request.param == "vulkan":
         vulkan_or_skip()
-    torch.manual_seed(0)
-    model = _Mlp().eval()
-    x = torch.randn(4, 32)
-    art = llmc.compile(model, (x,), target=request.param, output=tmp_path_factory.mktemp(request.param) / "mlp.vmfb", quiet=True)
+    model, (x,), _ = zoo.build("linear_stack")
+    art = llmc.compile(model, (x,), target=request.param, output=tmp_path_factory.mktemp(request.param) / "stack.vmfb", quiet=True)
     with torch.no_grad():
         want = model(x)
     return art, x, want
@@ -91,3 +82,11 @@ def test_close_frees_and_the_next_call_loads_again(compiled):
     np.testing.assert_array_equal(again.numpy(), first.numpy())
     torch.testing.assert_close(again, want, rtol=1e-5, atol=1e-5)
     mod.close()
+
+
+def test_a_function_the_module_lacks_is_a_clear_error(compiled):
+    art, _, _ = compiled
+    mod = llmc.load(art)
+    with pytest.raises(RuntimeLoadError, match=r"stack\.vmfb: the module has no function 'nope'; the manifest does not match it, recompile") as e:
+        mod.function("nope")
+    assert e.value.exit_code == 2 and "\n" not in str(e.value)
