@@ -13,7 +13,15 @@ config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".mlir", ".py"]
 config.excludes = ["lit.cfg.py", "conftest.py", "Inputs", "__pycache__"] + [f for f in os.listdir(os.path.dirname(__file__)) if f.startswith("test_")]
 config.test_source_root = os.path.dirname(__file__)
-config.substitutions.append(("%python", sys.executable))
+forkserver = os.environ.get("LLMC_LIT_FORKSERVER")  # set by test_lit.py: see tests/forkserver.py
+if forkserver:
+    # Each `%python` / `llmc-opt` RUN command becomes a fork of one warm Python (torch imported once),
+    # with the same argv, stdio, working directory and environment.
+    client = f"{sys.executable} -S {os.path.join(os.path.dirname(os.path.dirname(__file__)), 'forkserver.py')} {forkserver}"
+    config.substitutions.append(("%python", f"{client} python"))
+    config.substitutions.append((r"(?<![\w./-])llmc-opt(?![\w.-])", f"{client} llmc-opt"))
+else:
+    config.substitutions.append(("%python", sys.executable))
 bindir = os.path.dirname(sys.executable)  # the venv's llmc-opt and filecheck
 config.environment["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 for var in ("HOME", "TMPDIR", "PYTHONPATH"):
