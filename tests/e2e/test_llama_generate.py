@@ -220,7 +220,7 @@ def test_cli_compile_bad_checkpoints(checkpoints, tmp_path, kind, needle):
     bad = _break(kind, root, tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    r = _llmc("compile", bad, "-o", out / "m.vmfb")
+    r = llmc_in_process("compile", bad, "-o", out / "m.vmfb")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
@@ -245,9 +245,9 @@ def test_generate_edges(compiled):
 
 def test_cli_bad_lengths(checkpoints, compiled, tmp_path):
     root, _, _ = checkpoints
-    r = _llmc("compile", root / "hf", "--max-seq-len", "2", "-o", tmp_path / "m.vmfb")
+    r = llmc_in_process("compile", root / "hf", "--max-seq-len", "2", "-o", tmp_path / "m.vmfb")
     assert r.returncode == 2 and "at least 3" in r.stderr, r.stderr
-    r = _llmc("diff", root / "hf", compiled["hf"].vmfb, "--steps", str(MAX_SEQ - 1))
+    r = llmc_in_process("diff", root / "hf", compiled["hf"].vmfb, "--steps", str(MAX_SEQ - 1))
     assert r.returncode == 2 and "--steps" in r.stderr, r.stderr
 
 
