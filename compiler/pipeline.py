@@ -35,6 +35,8 @@ SOURCE_PASSES: list[str] = [
 GRAPH_PASSES: list[str] = [
     "slice-copy",  # torch-mlir has no aten.slice_copy lowering
     "zero-k-products",  # mm/bmm with K = 0 (IREE 3.13 is killed by SIGFPE): the operands' sums multiplied
+    "decompose-moe",  # MoE experts (transformers 5): histc, _grouped_mm, grouped_mm_fallback as gathers / masked bmm
+    "sort-by-rank",  # aten.sort/topk as comparison counts: IREE sorts an iota in place that it shares with equal aranges (iree#24665)
     "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
     "qdq-contractions",  # PT2E: each matmul/conv reads its dequantize directly (IREE then forms i8 x i8 -> i32); per-layer schemes for the manifest
     "int8-signed",  # PT2E uint8 activations as int8 (zero point - 128, exact): llvm-cpu's fast integer kernels are signed
@@ -161,7 +163,8 @@ def run_graph(plan: Plan, program: torch.export.ExportedProgram, entry: str = "m
     try:
         program = program.run_decompositions(table)
     except _PassRefusal as e:
-        raise PassError(f"graph passes ({', '.join(owner.values())}): {e}") from e
+        # One line: torch.fx appends the node and the source traceback to the refusal's message.
+        raise PassError(f"graph passes ({', '.join(dict.fromkeys(owner.values()))}): {str(e).strip().splitlines()[0]}") from e
     except Exception as e:
         raise PassError(f"decomposing the exported graph failed: {type(e).__name__}: {e}") from e
     if dump is not None:
