@@ -1,9 +1,10 @@
-"""sort-by-rank: `aten.sort` and `aten.topk` as ranks counted by comparison, not IREE's in-place sort.
+"""sort-by-rank: `aten.sort`, `aten.topk` and `aten.kthvalue` as ranks counted by comparison, not IREE's in-place sort.
 
-Matches:  every `aten.sort(x, dim, descending)` and `aten.topk(x, k, dim, largest, sorted)` in the
-          exported program (any dtype, any rank, any size; a dynamic size too). A mixture-of-experts
-          layer in transformers 5 picks each token's experts with topk and sorts the (token,
-          expert) pairs by expert id (passes/decompose_moe.py).
+Matches:  every `aten.sort(x, dim, descending)`, `aten.topk(x, k, dim, largest, sorted)` and
+          `aten.kthvalue(x, k, dim, keepdim)` in the exported program (any dtype, any rank, any
+          size; a dynamic size too). A mixture-of-experts layer in transformers 5 picks each
+          token's experts with topk and sorts the (token, expert) pairs by expert id
+          (passes/decompose_moe.py).
 Produces, along `dim` (moved last; n elements, i and j positions along it):
           before[i, j] = x[j] sorts strictly before x[i], or x[j] equals x[i] and j < i
           rank[i] = sum_j before[i, j]              (a permutation of 0..n-1)
@@ -11,7 +12,9 @@ Produces, along `dim` (moved last; n elements, i and j positions along it):
           with "sorts before" as PyTorch orders: ascending by <, descending by >, NaN above
           every number (last ascending, first descending) and equal to another NaN;
           topk: the first k of the sort, descending when `largest` (always sorted, which
-          `sorted=False` allows).
+          `sorted=False` allows); kthvalue: element k-1 of the ascending sort. torch-mlir lowers
+          kthvalue to a `tm_tensor.topk` that IREE 3.13 rejects ("'tm_tensor.topk' op region
+          block must end with a linalg_ext.yield i1").
 Safe because: the comparison is a strict weak order and ties are broken by position, so the ranks
           are a permutation and the result is the stable sort of x: one of the orders
           `torch.sort(stable=False)` may return, and the order eager's stable sort returns.
@@ -84,6 +87,17 @@ def topk_by_rank(x, k: int, dim: int = -1, largest: bool = True):
     return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
 
 
+def kthvalue_by_rank(x, k: int, dim: int = -1, keepdim: bool = False):
+    """(values, indices) of torch.kthvalue(x, k, dim, keepdim): element k-1 of the ascending sort."""
+    values, indices = sort_by_rank(x, dim)
+    if x.dim() == 0:
+        return values, indices
+    values, indices = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
+    if keepdim:
+        return values, indices
+    return values.squeeze(dim), indices.squeeze(dim)
+
+
 @register_pass("sort-by-rank")
 class SortByRankPass(DecompositionPass):
     def decompositions(self) -> dict:
@@ -95,4 +109,8 @@ class SortByRankPass(DecompositionPass):
             self.rewrote_here("topk")
             return topk_by_rank(x, k, dim, largest)
 
-        return {torch.ops.aten.sort.default: sort, torch.ops.aten.topk.default: topk}
+        def kthvalue(x, k, dim=-1, keepdim=False):
+            self.rewrote_here("kthvalue")
+            return kthvalue_by_rank(x, k, dim, keepdim)
+
+        return {torch.ops.aten.sort.default: sort, torch.ops.aten.topk.default: topk, torch.ops.aten.kthvalue.default: kthvalue}

@@ -73,3 +73,22 @@ def test_equal_to_eager_stable_sort(compiled, n):
     up, up_i = got[3], got[4]
     zeros = (up == 0).nonzero().flatten()
     assert torch.equal(torch.signbit(up[zeros]), torch.signbit(args[1][up_i[zeros]]))
+
+
+class _Kth(torch.nn.Module):
+    def forward(self, x):
+        v, i = torch.kthvalue(x, 2, dim=1)
+        w, j = torch.kthvalue(x, 5, dim=0, keepdim=True)
+        return v, i, w, j
+
+
+def test_kthvalue_equals_eager(tmp_path):
+    """kthvalue (rejected by IREE 3.13 as torch-mlir lowers it) through the rank sort: values and
+    indices equal eager's on distinct values, at two dynamic row counts."""
+    x = torch.randn(7, 5, generator=torch.Generator().manual_seed(0))
+    art = llmc.compile(_Kth(), (x,), dynamic_shapes=({0: Dim("r", min=5, max=64)},), output=tmp_path / "kth.vmfb")
+    mod = llmc.load(art)
+    for rows in (5, 12):
+        xs = torch.randn(rows, 5, generator=torch.Generator().manual_seed(rows))  # distinct: no ties to order
+        for name, g, w in zip("v i w j".split(), mod(xs), _Kth()(xs)):
+            assert torch.equal(g, w), (rows, name, g, w)
