@@ -16,8 +16,12 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) tools/demo.py --out out/demo
 
+# Two workers (CI has 2 cores), whole files to one worker so module fixtures are built once; tests on
+# lavapipe run with the other worker waiting (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
 
 clean:
 	rm -rf out

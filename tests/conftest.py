@@ -1,8 +1,51 @@
+import fcntl
 import os
+
+import pytest
 
 # No model hub here: transformers must never try the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+# ---- Running alone under pytest-xdist (`make test` runs two workers: CI has 2 cores) ----
+# A test that runs on lavapipe (Mesa's CPU Vulkan driver) runs with the other worker idle: lavapipe's
+# threads want every core, and a Vulkan cell once stalled for minutes while the cores were shared
+# (docs/targets.md). Each test holds a lock (flock on this file) shared for its whole run (setup, call, teardown: a
+# module fixture's first setup included); a test marked `vulkan` (or with "vulkan" in its id) holds it
+# exclusively, and vulkan_or_skip() upgrades the lock of a test that did not say so. Without xdist
+# nothing is locked.
+_LOCK = {"fd": None, "mode": None}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "vulkan: runs on lavapipe; under pytest-xdist it runs while the other workers wait")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "vulkan" in item.nodeid.lower() and not item.get_closest_marker("vulkan"):
+            item.add_marker("vulkan")
+
+
+def _lock(mode: int) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER") or _LOCK["mode"] == fcntl.LOCK_EX:
+        return
+    if _LOCK["fd"] is None:
+        _LOCK["fd"] = os.open(__file__, os.O_RDONLY)  # this file is the lock: it exists, nothing is left behind
+    fcntl.flock(_LOCK["fd"], mode)  # shared -> exclusive: Linux drops the shared lock, then waits
+    _LOCK["mode"] = mode
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _lock(fcntl.LOCK_EX if item.get_closest_marker("vulkan") else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        if _LOCK["mode"] is not None:
+            fcntl.flock(_LOCK["fd"], fcntl.LOCK_UN)
+            _LOCK["mode"] = None
 
 
 def llmc_in_process(*args):
@@ -26,10 +69,11 @@ def llmc_in_process(*args):
 
 
 def vulkan_or_skip():
-    """Skip unless Mesa's lavapipe is usable; with LLMC_REQUIRE_VULKAN set (CI installs it), fail instead."""
-    import pytest
-
+    """Skip unless Mesa's lavapipe is usable; with LLMC_REQUIRE_VULKAN set (CI installs it), fail instead.
+    The calling test then runs alone under pytest-xdist (see _lock)."""
     from llmc.runtime import vulkan_probe
+
+    _lock(fcntl.LOCK_EX)
 
     try:
         devices, why = vulkan_probe.probe(), "no lavapipe device"

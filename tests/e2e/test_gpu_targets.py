@@ -185,6 +185,7 @@ def test_vulkan_llmc_diff_passes(checkpoint, vulkan_f32, tmp_path, dtype):
     assert "greedy tokens: 8 of 8 decode-step inputs agree" in r.stdout
 
 
+@pytest.mark.vulkan  # loads its module on lavapipe
 def test_runtime_refuses_a_module_built_for_another_subgroup_size(checkpoint, tmp_path, vulkan_f32):
     # valhall4 is subgroup 16, lavapipe 8: IREE would run it with no error and wrong results.
     art = _compile(checkpoint, tmp_path, "vulkan", "valhall4", "f32")
@@ -194,6 +195,7 @@ def test_runtime_refuses_a_module_built_for_another_subgroup_size(checkpoint, tm
     assert r.returncode != 0 and "Traceback" not in r.stderr and "subgroup size 16" in r.stderr
 
 
+@pytest.mark.vulkan  # loads its module on lavapipe
 def test_runtime_refuses_other_drivers_and_missing_devices(checkpoint, tmp_path, vulkan_f32):
     with pytest.raises(RuntimeLoadError, match="runs on IREE's vulkan driver, not 'local-task'; use --device=vulkan"):
         llmc.load(vulkan_f32, device="local-task").generate(PROMPT, 2)

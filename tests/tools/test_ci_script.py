@@ -74,6 +74,7 @@ def junit_suite(xml_path: Path):
     return suite
 
 
+@pytest.mark.vulkan  # its matrix has a vulkan cell, run on lavapipe when it is installed
 def test_ci_runs_the_matrix_and_writes_reports(tmp_path):
     from llmc.runtime.device import usable_devices
 
