@@ -4,7 +4,9 @@ Matches:  `aten.mm` and `aten.bmm` whose inner dimension K is statically 0: A [.
           B [.., 0, N], e.g. `nn.Linear(0, N)` or a product with an empty slice. (linear, matmul,
           addmm and baddbmm reach the graph passes as these: the decomposition table llmc exports
           with writes addmm as mm, a multiply by alpha and an add of beta * input.)
-Produces: sum(A, -1, keepdim) * sum(B, -2, keepdim): [.., M, 1] * [.., 1, N] -> [.., M, N].
+Produces: sum(A, -1, keepdim) * sum(B, -2, keepdim): [.., M, 1] * [.., 1, N] -> [.., M, N], the
+          sums taken in the product's dtype (PyTorch's sum of an integer tensor is int64; an int8
+          product is int8).
 Safe because: a sum over zero elements is exactly 0, so the result is exactly the zero [.., M, N]
           tensor the product is, and no element of A or B is read (none is: K = 0), as none is by
           the empty product. The shapes follow A and B, so a dynamic M or N stays dynamic; the
@@ -42,9 +44,10 @@ class ZeroKProductsPass(GraphPass):
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target not in _PRODUCTS or not _inner_is_zero(node):
                 continue
+            dtype = node.meta["val"].dtype  # the product's: a plain sum of int8 would widen to int64
             with graph.inserting_before(node):
-                sa = graph.call_function(_aten.sum.dim_IntList, (node.args[0], [-1], True))
-                sb = graph.call_function(_aten.sum.dim_IntList, (node.args[1], [-2], True))
+                sa = graph.call_function(_aten.sum.dim_IntList, (node.args[0], [-1], True), {"dtype": dtype})
+                sb = graph.call_function(_aten.sum.dim_IntList, (node.args[1], [-2], True), {"dtype": dtype})
                 out = graph.call_function(_aten.mul.Tensor, (sa, sb))
             _packed.replace(graph, node, out, program.graph_signature.output_specs)
             self.stats.rewrite(str(node.target).split(".")[-2])

@@ -59,3 +59,18 @@ def test_results_equal_eager(compiled, rows):
         assert not torch.isnan(g).any(), i
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6, msg=f"output {i}")
     assert got[0].abs().sum() > 0 and got[2].abs().sum() > 0  # the added terms are there, not only zeros
+
+
+class _IntProducts(torch.nn.Module):
+    def forward(self, a, b, c, d):
+        return torch.mm(a, b), torch.bmm(c, d)
+
+
+def test_integer_products_keep_their_dtype(tmp_path):
+    """An int8 / int32 product over an empty K is int8 / int32 zeros, as eager's (the sums the pass
+    writes would be int64 if taken as PyTorch's default integer sum)."""
+    args = (torch.ones(3, 0, dtype=torch.int8), torch.ones(0, 4, dtype=torch.int8),
+            torch.ones(2, 3, 0, dtype=torch.int32), torch.ones(2, 0, 5, dtype=torch.int32))
+    got = llmc.load(llmc.compile(_IntProducts(), args, output=tmp_path / "zki.vmfb"))(*args)
+    for g, w in zip(got, _IntProducts()(*args)):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), (g, w)
