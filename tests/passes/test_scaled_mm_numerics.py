@@ -1,0 +1,43 @@
+"""scaled-mm, compiled for cpu and run: fp8 scaled products equal eager PyTorch's `torch._scaled_mm`
+(E4M3FN and E5M2, per-tensor and per-row/column scales, with and without bias, bf16 / f16 / f32
+outputs) at two dynamic row counts. Tolerances: bf16 and f16 outputs bit for bit (every fp8 product
+is exact in f32, and the one rounding to 8 or 11 bits hides a last-bit difference of the f32 sums
+unless it sits on a rounding boundary, which none of these seeded inputs does); the f32 output
+within rtol = atol = 1e-6 (the sums' order and the scale/bias order may move its last bit: measured
+9.5e-7 at most)."""
+
+import torch
+from torch.export import Dim
+
+import llmc
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, a, b, sa, sb, ra, rb, bias):
+        return (
+            torch._scaled_mm(a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn), sa, sb, out_dtype=torch.bfloat16),
+            torch._scaled_mm(a.to(torch.float8_e5m2), b.to(torch.float8_e5m2), sa, sb, out_dtype=torch.float16),
+            torch._scaled_mm(a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn), ra, rb, bias=bias, out_dtype=torch.float32),
+        )
+
+
+def _args(rows: int):
+    g = torch.Generator().manual_seed(rows)
+    r = lambda *s: torch.rand(*s, generator=g)
+    return (r(rows, 32) * 4 - 2, r(32, 16) * 4 - 2, r(()), r(()), r(rows, 1), r(1, 16), r(16))
+
+
+def test_scaled_products_equal_eager(tmp_path):
+    rows = Dim("rows", min=1, max=64)
+    art = llmc.compile(_Scaled(), _args(16), dynamic_shapes=({0: rows}, None, None, None, {0: rows}, None, None), output=tmp_path / "smm.vmfb")
+    stats = next(p for p in art.read_manifest()["passes"] if p["name"] == "scaled-mm")
+    assert stats["forms"] == {"tensorwise": 2, "rowwise": 1}, stats
+    mod = llmc.load(art)
+    for n in (3, 16):
+        args = _args(n)
+        for i, (g, w) in enumerate(zip(mod(*args), _Scaled()(*args))):
+            assert g.dtype == w.dtype and g.shape == w.shape, i
+            if w.dtype == torch.float32:
+                torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+            else:
+                assert torch.equal(g, w), (n, i, (g.float() - w.float()).abs().max())
