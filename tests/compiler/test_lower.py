@@ -34,7 +34,7 @@ def test_manifest_records_passes_and_dump_has_every_step(tmp_path):
     assert {"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8/int8, compiling f32"} in m["passes_skipped"]
     steps = sorted(p.name for p in (tmp_path / "dump").iterdir())
     assert steps == [
-        "00-main-export.txt", "01-main-decompose[slice-copy,decompose-moe,scaled-mm,sort-by-rank,decompose-attention].txt", "02-main-zero-k-products.txt",
+        "00-main-export.txt", "01-main-decompose[slice-copy,decompose-moe,adaptive-max-pool,scaled-mm,sort-by-rank,decompose-attention].txt", "02-main-zero-k-products.txt",
         "03-main-dtype-harmony.txt", "04-import.mlir", "05-log10-to-log.mlir", "06-bitcast-elementwise.mlir",
     ]
     assert "log10" in (tmp_path / "dump" / "04-import.mlir").read_text()

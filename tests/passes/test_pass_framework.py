@@ -35,7 +35,7 @@ def test_pass_files_register_on_import():
 
 def test_gating_follows_typed_caps():
     cpu = pipeline.build(targets.resolve("cpu", None, "f32"))
-    assert [p.name for p in cpu.graph] == ["slice-copy", "zero-k-products", "decompose-moe", "scaled-mm", "sort-by-rank", "decompose-attention", "qdq-contractions", "int8-signed",
+    assert [p.name for p in cpu.graph] == ["slice-copy", "zero-k-products", "decompose-moe", "adaptive-max-pool", "scaled-mm", "sort-by-rank", "decompose-attention", "qdq-contractions", "int8-signed",
                                           "dtype-harmony"]
     assert cpu.skipped == [
         {"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8/int8, compiling f32"},
@@ -46,7 +46,7 @@ def test_gating_follows_typed_caps():
         {"name": "bf16-outputs", "reason": "needs dtype bf16, compiling f32"},
     ]
     vk = pipeline.build(targets.resolve("vulkan", None, "bf16"))
-    assert [p.name for p in vk.graph] == ["slice-copy", "zero-k-products", "decompose-moe", "scaled-mm", "sort-by-rank", "decompose-attention", "qdq-contractions", "int8-signed",
+    assert [p.name for p in vk.graph] == ["slice-copy", "zero-k-products", "decompose-moe", "adaptive-max-pool", "scaled-mm", "sort-by-rank", "decompose-attention", "qdq-contractions", "int8-signed",
                                          "dtype-harmony", "bf16-weights"]
     assert [s["name"] for s in vk.skipped] == ["qdq-float", "fp8-weights", "int8-weights", "bf16-outputs", "log10-to-log"]
     # the int8 fallback follows the arch's int64 capability, or the int8_math option
