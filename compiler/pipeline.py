@@ -35,6 +35,7 @@ SOURCE_PASSES: list[str] = [
 GRAPH_PASSES: list[str] = [
     "slice-copy",  # torch-mlir has no aten.slice_copy lowering
     "zero-k-products",  # mm/bmm with K = 0 (IREE 3.13 is killed by SIGFPE): the operands' sums multiplied
+    "vecmat-as-mv",  # llvm-cpu: vector x matrix with a dynamic N as mv of the transpose (IREE's global-opt data tiling returns it padded)
     "decompose-moe",  # MoE experts (transformers 5): histc, _grouped_mm, grouped_mm_fallback as gathers / masked bmm
     "adaptive-max-pool",  # adaptive max pooling as window gathers + max per axis (IREE rejects torch-mlir's pooling form)
     "scaled-mm",  # aten._scaled_mm (torch-mlir has no lowering): fp8 widened, f32 product, scales, out_dtype

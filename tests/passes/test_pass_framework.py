@@ -35,7 +35,7 @@ def test_pass_files_register_on_import():
 
 def test_gating_follows_typed_caps():
     cpu = pipeline.build(targets.resolve("cpu", None, "f32"))
-    assert [p.name for p in cpu.graph] == ["slice-copy", "zero-k-products", "decompose-moe", "adaptive-max-pool", "scaled-mm", "sort-by-rank", "decompose-attention", "qdq-contractions", "int8-signed",
+    assert [p.name for p in cpu.graph] == ["slice-copy", "zero-k-products", "vecmat-as-mv", "decompose-moe", "adaptive-max-pool", "scaled-mm", "sort-by-rank", "decompose-attention", "qdq-contractions", "int8-signed",
                                           "dtype-harmony"]
     assert cpu.skipped == [
         {"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8/int8, compiling f32"},
@@ -48,7 +48,7 @@ def test_gating_follows_typed_caps():
     vk = pipeline.build(targets.resolve("vulkan", None, "bf16"))
     assert [p.name for p in vk.graph] == ["slice-copy", "zero-k-products", "decompose-moe", "adaptive-max-pool", "scaled-mm", "sort-by-rank", "decompose-attention", "qdq-contractions", "int8-signed",
                                          "dtype-harmony", "bf16-weights"]
-    assert [s["name"] for s in vk.skipped] == ["qdq-float", "fp8-weights", "int8-weights", "bf16-outputs", "log10-to-log"]
+    assert [s["name"] for s in vk.skipped] == ["vecmat-as-mv", "qdq-float", "fp8-weights", "int8-weights", "bf16-outputs", "log10-to-log"]
     # the int8 fallback follows the arch's int64 capability, or the int8_math option
     mali = pipeline.build(targets.resolve("vulkan", "valhall4", "f32"))
     assert "qdq-float" in [p.name for p in mali.graph]
