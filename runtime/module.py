@@ -482,7 +482,13 @@ def _build(s: dict, tensors, vmfb):
     """The output structure the manifest records, filled with `tensors` in order."""
     kind = s["type"]
     if kind == "tensor":
-        return next(tensors)
+        t = next(tensors)
+        if s.get("dtype") == "uint8" and str(t.dtype) == "torch.int8":
+            # IREE's integers are signless: a uint8 result arrives as int8 holding the same bits.
+            import torch
+
+            return t.view(torch.uint8)
+        return t
     if kind == "none":
         return None
     if kind == "constant":
