@@ -47,15 +47,16 @@ def adaptive_max_pool(x: torch.Tensor, output_size) -> tuple[torch.Tensor, torch
         axis = x.dim() - k + j
         win = _windows(sizes[j], int(output_size[j]), x.device)  # [Out, L]
         n_out, n_win = win.shape
-        gathered = values.index_select(axis, win.flatten()).unflatten(axis, (n_out, n_win))
+        flat_win = win.flatten()
+        gathered = values.index_select(axis, flat_win).unflatten(axis, (n_out, n_win))
         values, which = gathered.max(dim=axis + 1)  # [.., Out, ..]: first maximum of each window
         bins = torch.arange(n_out, device=x.device).reshape([n_out if d == axis else 1 for d in range(which.dim())])
-        at = bins * n_win + which  # into win.flatten()
-        pos = win.flatten().index_select(0, at.flatten()).reshape(at.shape)  # the position along this axis
+        at = bins * n_win + which  # into flat_win
+        pos = flat_win.index_select(0, at.flatten()).reshape(at.shape)  # the position along this axis
         if flat is None:
             flat = pos
         else:
-            later = flat.index_select(axis, win.flatten()).unflatten(axis, (n_out, n_win))
+            later = flat.index_select(axis, flat_win).unflatten(axis, (n_out, n_win))
             flat = pos * after + torch.gather(later, axis + 1, which.unsqueeze(axis + 1)).squeeze(axis + 1)
         after = after * sizes[j]
     return values, flat
@@ -64,12 +65,11 @@ def adaptive_max_pool(x: torch.Tensor, output_size) -> tuple[torch.Tensor, torch
 @register_pass("adaptive-max-pool")
 class AdaptiveMaxPoolPass(DecompositionPass):
     def decompositions(self) -> dict:
-        def pool2d(x, output_size):
-            self.rewrote_here("2d")
-            return adaptive_max_pool(x, output_size)
+        def pooling(form: str):
+            def decomposed(x, output_size):
+                self.rewrote_here(form)
+                return adaptive_max_pool(x, output_size)
 
-        def pool3d(x, output_size):
-            self.rewrote_here("3d")
-            return adaptive_max_pool(x, output_size)
+            return decomposed
 
-        return {torch.ops.aten.adaptive_max_pool2d.default: pool2d, torch.ops.aten.adaptive_max_pool3d.default: pool3d}
+        return {torch.ops.aten.adaptive_max_pool2d.default: pooling("2d"), torch.ops.aten.adaptive_max_pool3d.default: pooling("3d")}

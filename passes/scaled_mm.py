@@ -43,7 +43,7 @@ def _form(a, b, scale_a, scale_b) -> str:
                     f"per tensor (one element each) or per row and column ([{m}, 1] and [1, {n}]) are")
 
 
-def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None):
     """What aten._scaled_mm computes, written with ops every target lowers."""
     f32 = torch.float32
     out = torch.mm(a.to(f32), b.to(f32))
@@ -63,6 +63,6 @@ class ScaledMmPass(DecompositionPass):
             if scale_result is not None:
                 raise PassError("scaled-mm: aten._scaled_mm with scale_result (an fp8 output's scale) is not supported")
             self.rewrote_here(form)
-            return scaled_mm(a, b, scale_a, scale_b, bias, None, out_dtype)
+            return scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
 
         return {torch.ops.aten._scaled_mm.default: decomposed}

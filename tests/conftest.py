@@ -68,6 +68,21 @@ def llmc_in_process(*args):
     return subprocess.CompletedProcess(["llmc", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
+def hf_eager(model, ids, dtype: str, kwargs: dict):
+    """A Hugging Face model's eager output for llmc's --dtype: as it is for f32, else the model converted
+    to the compute dtype with its inputs cast, as llmc exports it (compiler/export.py)."""
+    import torch
+
+    from llmc import dtypes
+    from llmc.compiler import export
+
+    if dtype != "f32":
+        tdt = dtypes.compute_torch_dtype(dtype)
+        model = export.CastInputs(export.convert_module(model, tdt), tdt)
+    with torch.no_grad():
+        return model(ids, **kwargs)
+
+
 def vulkan_or_skip():
     """Skip unless Mesa's lavapipe is usable; with LLMC_REQUIRE_VULKAN set (CI installs it), fail instead.
     The calling test then runs alone under pytest-xdist (see _lock)."""

@@ -14,9 +14,11 @@ weights, f32 math on cpu) against eager bf16: cosine >= 0.999 and the bf16 profi
 import pytest
 import torch
 
+from conftest import hf_eager
+
 import llmc
 from llmc import dtypes
-from llmc.compiler import diff_metrics, export
+from llmc.compiler import diff_metrics
 
 transformers = pytest.importorskip("transformers")
 
@@ -45,12 +47,7 @@ def input_ids(seq: int):
 
 
 def eager_logits(model, ids, dtype):
-    ref_model = model
-    if dtype != "f32":
-        tdt = dtypes.compute_torch_dtype(dtype)
-        ref_model = export.CastInputs(export.convert_module(model, tdt), tdt)
-    with torch.no_grad():
-        return ref_model(ids, **KWARGS).logits
+    return hf_eager(model, ids, dtype, KWARGS).logits
 
 
 def _forms(art) -> dict:

@@ -22,9 +22,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import torch
 
+from conftest import hf_eager
+
 import llmc
 from llmc import dtypes
-from llmc.compiler import diff_metrics, export
+from llmc.compiler import diff_metrics
 
 transformers = pytest.importorskip("transformers")
 
@@ -64,13 +66,7 @@ def input_ids():
 
 
 def eager_logits(model, ids, dtype):
-    ref_model = model
-    if dtype != "f32":
-        tdt = dtypes.compute_torch_dtype(dtype)
-        ref_model = export.CastInputs(export.convert_module(model, tdt), tdt)
-    with torch.no_grad():
-        out = ref_model(ids, **KWARGS)
-    return out
+    return hf_eager(model, ids, dtype, KWARGS)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])

@@ -41,3 +41,25 @@ def test_scaled_products_equal_eager(tmp_path):
                 torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
             else:
                 assert torch.equal(g, w), (n, i, (g.float() - w.float()).abs().max())
+
+
+class _BlockScaled(torch.nn.Module):
+    def forward(self, a, b, sa, sb):
+        return torch._scaled_mm(a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn), sa, sb, out_dtype=torch.bfloat16)
+
+
+def test_block_scaled_is_refused_with_one_line_and_no_files(tmp_path):
+    """MX (e8m0) scales: `llmc compile` exits with PassError's code 3, one line naming the op and the
+    scales' dtype, no traceback and nothing written."""
+    from conftest import llmc_in_process
+
+    args = (torch.rand(3, 32), torch.rand(32, 64), torch.ones(512, dtype=torch.float8_e8m0fnu), torch.ones(512, dtype=torch.float8_e8m0fnu))
+    pt2 = tmp_path / "blocked.pt2"
+    torch.export.save(torch.export.export(_BlockScaled(), args), pt2)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = llmc_in_process("compile", pt2, "-o", out / "b.vmfb")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 3 and len(lines) == 1, r.stderr
+    assert "aten._scaled_mm with scale_a of torch.float8_e8m0fnu (block-scaled, MX) is not supported" in lines[0]
+    assert "Traceback" not in r.stderr and list(out.iterdir()) == []
