@@ -876,9 +876,11 @@ def _interrupt(signum, frame):
 
 
 def _versions() -> dict:
-    """Package versions, and llmc's git commit with the files changed from it (results depend on both)."""
+    """The versions a manifest records (compiler/lower.py), and llmc's git commit with the files changed
+    from it (results depend on both)."""
     import subprocess
-    from importlib import metadata
+
+    from llmc.compiler.lower import _versions as package_versions
 
     root = Path(__file__).resolve().parents[1]
     git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=30).stdout
@@ -889,12 +891,7 @@ def _versions() -> dict:
         out["llmc_changed_files"] = [line[3:] for line in changed.splitlines()]
     except (OSError, subprocess.SubprocessError):
         pass
-    for dist in ("torch", "torch-mlir", "iree-base-compiler", "iree-base-runtime"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+    return {**package_versions(), **out}
 
 
 if __name__ == "__main__":
