@@ -180,10 +180,23 @@ class EntryPoint:
         return "(" + ", ".join(parts) + ")"
 
     def call_raw(self, arrays: list):
-        try:
-            return self._function()(*arrays)
-        except Exception as e:
-            raise RuntimeCallError(f"{self.name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
+        from llmc.runtime.device import is_device_lost
+
+        for retried in (False, True):
+            try:
+                return self._function()(*arrays)
+            except Exception as e:
+                # A Vulkan device lost during a call (lavapipe's timeline emulation and IREE 3.13's unlocked
+                # queue wakeup, see _ensure_loaded) stays lost. When every input is a host array, nothing of
+                # the call lived on that device: run it once more on a new one. Device-resident inputs (a
+                # KV cache from an earlier call) are gone with the device, so those calls fail. A load that
+                # failed has had its own retry.
+                if retried or isinstance(e, RuntimeLoadError) or not is_device_lost(e) or not all(isinstance(a, np.ndarray) for a in arrays):
+                    raise RuntimeCallError(f"{self.name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
+                log.warning("%s: the Vulkan device was lost while running %s (%s); running it once more on a new device",
+                            self._module.vmfb, self.name, first_line(e))
+                self._module.close()
+                self._module._device_lost = True
 
     def __call__(self, *args, **kwargs):
         arrays = self.convert_inputs(args, kwargs)
@@ -235,6 +248,7 @@ class Module:
             raise RuntimeLoadError(f"threads={threads!r}: give a whole number of worker threads, 1 or more (or None for IREE's default)")
         self.threads = threads
         self._loaded = None  # _Loaded: IREE's context, main module and device, once the module is loaded
+        self._device_lost = False  # the last device was lost: the next load opens a new one
         self._tokenizer = None
         self.last_generation = None  # the last generate() / generate_text() run (runtime/generate.py: Generation)
         self.default_entry = self.manifest.get("default_entry", next(iter(self.manifest["entry_points"])))
@@ -283,11 +297,12 @@ class Module:
                 rt.flags.parse_flags(f"--task_topology_group_count={int(self.threads)}")
             from llmc.runtime.device import is_device_lost, open_device
 
-            for fresh in (False, True):
+            for fresh in (self._device_lost, True):
                 config = open_device(self.manifest, self.device_name, self.vmfb, fresh=fresh)
                 self._warm_cpu_data(config)
                 try:
                     self._loaded = self._load_on(config)
+                    self._device_lost = False
                     break
                 except Exception as e:
                     if fresh or not is_device_lost(e):

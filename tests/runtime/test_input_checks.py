@@ -250,6 +250,64 @@ def test_a_device_lost_twice_is_a_one_line_load_error(compiled, monkeypatch):
     assert "\n" not in msg
 
 
+def _losing_calls(monkeypatch, losses: int):
+    """Make the first `losses` calls fail as IREE's Vulkan driver does when the device is lost mid-call;
+    record the `fresh` flag of every device opened."""
+    from llmc.runtime import device as rt_device
+
+    opened, real_open, real_function = [], rt_device.open_device, rt_module.Module.function
+    left = [losses]
+    monkeypatch.setattr(rt_device, "open_device", lambda *a, fresh=False, **k: opened.append(fresh) or real_open(*a, fresh=fresh, **k))
+
+    def function(self, name):
+        fn = real_function(self, name)
+
+        def call(*arrays):
+            if left[0]:
+                left[0] -= 1
+                raise RuntimeError(f"Error invoking function: {LOST}; while invoking native function hal.fence.await")
+            return fn(*arrays)
+
+        return call
+
+    monkeypatch.setattr(rt_module.Module, "function", function)
+    return opened
+
+
+def test_a_device_lost_during_a_call_on_host_inputs_is_run_again_on_a_new_device(compiled, monkeypatch, caplog):
+    model, _, art = compiled
+    opened = _losing_calls(monkeypatch, losses=1)
+    m = llmc.load(art)
+    x = x_of(6, seed=3)
+    assert diff_metrics.compare("rerun", m(x), eager(model, x), F32).max_rel <= 1e-5
+    assert opened == [False, True]  # loaded on the cached device, then once more on a new one
+    assert "lost while running main" in caplog.text and "once more on a new device" in caplog.text
+    assert diff_metrics.compare("after", m(x), eager(model, x), F32).max_rel <= 1e-5 and opened == [False, True]
+
+
+def test_a_device_lost_twice_during_a_call_is_a_one_line_error(compiled, monkeypatch):
+    opened = _losing_calls(monkeypatch, losses=2)
+    with pytest.raises(RuntimeCallError) as ei:
+        llmc.load(compiled[2])(x_of(5))
+    msg = str(ei.value)
+    assert opened == [False, True] and "IREE failed while running the module" in msg and "VK_ERROR_DEVICE_LOST" in msg, msg
+    assert "\n" not in msg
+
+
+def test_a_call_on_device_resident_inputs_is_not_run_again(compiled, monkeypatch):
+    """A device-resident input (a KV cache an earlier call left there) is lost with the device."""
+    import iree.runtime as rt
+
+    opened = _losing_calls(monkeypatch, losses=1)
+    m = llmc.load(compiled[2])
+    ep = m.entry_points[m.default_entry]
+    arrays = ep.convert_inputs((x_of(5),), {})
+    resident = [rt.asdevicearray(m._ensure_loaded().config.device, a) for a in arrays]
+    with pytest.raises(RuntimeCallError, match="VK_ERROR_DEVICE_LOST"):
+        ep.call_raw(resident)
+    assert opened == [False]
+
+
 def test_other_load_failures_are_not_retried(compiled, monkeypatch):
     from llmc.runtime import device as rt_device
 
