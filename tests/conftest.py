@@ -1,5 +1,6 @@
 import fcntl
 import os
+import re
 
 import pytest
 
@@ -66,6 +67,15 @@ def llmc_in_process(*args):
         except SystemExit as e:  # argparse's own usage errors
             code = e.code if isinstance(e.code, int) else 2
     return subprocess.CompletedProcess(["llmc", *map(str, args)], code, out.getvalue(), err.getvalue())
+
+
+PROGRESS = re.compile(r"^llmc: .+ (\.\.\. .*\d+\.\ds|(done|failed) after \d+\.\ds)$")
+
+
+def message_lines(stderr: str) -> list[str]:
+    """stderr's lines less the progress lines a phase over a second prints on a slow machine
+    (compiler/progress.py: `llmc: graph passes ... 2.6s`, `llmc: graph passes failed after 3.3s`)."""
+    return [ln for ln in stderr.strip().splitlines() if not PROGRESS.match(ln)]
 
 
 def hf_eager(model, ids, dtype: str, kwargs: dict):

@@ -16,7 +16,7 @@ import re
 
 import pytest
 import torch
-from conftest import llmc_in_process, vulkan_or_skip
+from conftest import llmc_in_process, message_lines, vulkan_or_skip
 
 import llmc
 from llmc.compiler import vmfb
@@ -125,7 +125,7 @@ def test_int8_program_refused_for_a_device_without_8bit_storage(programs, tmp_pa
     path = programs["mlp", "xnnpack"][0]
     r = llmc_in_process("compile", path, "--target", "vulkan", "--arch", "adreno", "-o", tmp_path / "q.vmfb")
     assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
+    lines = message_lines(r.stderr)
     assert len(lines) == 1 and "8-bit storage" in lines[0] and "adreno" in lines[0], r.stderr
     assert not list(tmp_path.iterdir())
 
