@@ -33,6 +33,7 @@ SOURCE_PASSES: list[str] = [
     "retarget-casts",  # f16/bf16 from an f32 .pt2: drop f32 -> f32 casts and dtype asserts
 ]
 GRAPH_PASSES: list[str] = [
+    "prims-as-aten",  # prims.squeeze/view_of/split_dim/prod a model calls: ATen ops (run_decompositions refuses aliasing prims)
     "slice-copy",  # torch-mlir has no aten.slice_copy lowering
     "zero-k-products",  # mm/bmm with K = 0 (IREE 3.13 is killed by SIGFPE): the operands' sums multiplied
     "vecmat-as-mv",  # llvm-cpu: vector x matrix with a dynamic N as mv of the transpose (IREE's global-opt data tiling returns it padded)
@@ -163,6 +164,8 @@ def run_graph(plan: Plan, program: torch.export.ExportedProgram, entry: str = "m
                 raise PassError(f"passes {owner[op]} and {p.name} both decompose {op}; order them as separate graph passes")
             owner[op] = p.name
             table[op] = fn
+    for p in merged:
+        p.before_decomposing(program)
     try:
         program = program.run_decompositions(table)
     except _PassRefusal as e:

@@ -196,6 +196,10 @@ class DecompositionPass(GraphPass):
     def decompositions(self) -> dict:  # pragma: no cover - interface
         raise NotImplementedError(f"pass {self.name}: decompositions() is not implemented")
 
+    def before_decomposing(self, program) -> None:
+        """Edits the exported graph in place before it is decomposed, for what a table entry cannot
+        take (run_decompositions refuses some ops before it consults the table). Nothing by default."""
+
 
 class IRPass(Pass):
     kind = "ir"
