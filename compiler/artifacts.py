@@ -78,6 +78,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _dim(d, ep) -> int | dict:
+    from llmc.compiler.importer import concrete_size
+
+    d = concrete_size(d)  # a dim export specialised is static, as the importer types it
     if isinstance(d, int):
         return d
     expr = d.node.expr

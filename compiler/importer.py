@@ -240,6 +240,7 @@ def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = N
     ctx = ir.Context()
     torch_d.register_dialect(ctx)
     importer = FxImporter(context=ctx, hooks=hooks)
+    _constant_sizes_static(importer)
     for exported, func_name in programs:
         hooks.name_of = exported.param_name
         try:
@@ -253,6 +254,33 @@ def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = N
     if tied_results:
         _tie_results(module, tied_results)
     return module, store, sorted(hooks.mutable)
+
+
+def concrete_size(d):
+    """A size as an int when it is one: export can specialise a dynamic dim (Dim.AUTO, a guard
+    such as a Linear's K) while the placeholder's fake tensor still holds a SymInt whose expression
+    is that number. Anything else (an int, a truly symbolic SymInt) is returned as it is."""
+    if isinstance(d, torch.SymInt) and d.node.expr.is_number:
+        return int(d.node.expr)
+    return d
+
+
+def _constant_sizes_static(importer) -> None:
+    """Import a SymInt size whose expression is a number as that static size.
+
+    torch-mlir's ContextCache.format_asm_shape writes `?` for every SymInt. For a Linear on a
+    [?, ?, 3] input exported with Dim.AUTO (torch-mlir's e2e BatchMlpLayerModule), K then reached
+    IREE as `?`, viewed to [?, 3], and IREE 3.13 returned a result 0.85 off (with the Tanh) or failed
+    with "OUT_OF_RANGE; attempted to access an address outside of the valid buffer range" (without)."""
+    from torch_mlir.extras.fx_importer import ContextCache
+
+    class StaticConstants(ContextCache):
+        __slots__ = ()
+
+        def format_asm_shape(self, shape) -> str:
+            return super().format_asm_shape([concrete_size(d) for d in shape])
+
+    importer._cc = StaticConstants(importer._c, py_attr_tracker=importer._py_attr_tracker)
 
 
 def _tie_results(module, tied: dict[str, dict[int, int]]) -> None:
