@@ -243,6 +243,8 @@ def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = N
     _constant_sizes_static(importer)
     for exported, func_name in programs:
         hooks.name_of = exported.param_name
+        _drop_input_mutations(exported.program)
+        _sym_float_as_aten(exported.program)
         try:
             importer.import_program(exported.program, func_name=func_name)
         except Exception as e:
@@ -254,6 +256,47 @@ def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = N
     if tied_results:
         _tie_results(module, tied_results)
     return module, store, sorted(hooks.mutable)
+
+
+def _drop_input_mutations(program) -> None:
+    """Drop the outputs that write a value back into a user input (in place, on this program).
+
+    llmc's calling convention copies every host input to the device, so an in-place write into an
+    input's device buffer is never seen by the caller (eager `x.zero_()` changes x; a compiled module
+    leaves the caller's x as it was, with or without this), and a device-resident input that must be
+    updated (a KV cache) is a returned result tied to it. Imported as they are, those writes make the
+    argument a mutable `!torch.tensor` with `torch.overwrite.tensor.contents`, which IREE 3.13 cannot
+    compile for integer tensors ("failed to legalize unresolved target materialization from
+    ('tensor<?x?xsi64>') to ('tensor<?x?xi64>')", torch-mlir's e2e ZeroInt64Module and
+    IndexPutImpl1DInt*)."""
+    from torch.export.graph_signature import OutputKind
+
+    sig = program.graph_signature
+    drop = {i for i, spec in enumerate(sig.output_specs) if spec.kind == OutputKind.USER_INPUT_MUTATION}
+    if not drop:
+        return
+    out = program.graph.output_node()
+    out.args = (tuple(a for i, a in enumerate(out.args[0]) if i not in drop),)
+    sig.output_specs[:] = [spec for i, spec in enumerate(sig.output_specs) if i not in drop]
+    program.graph_module.recompile()
+
+
+def _sym_float_as_aten(program) -> None:
+    """`torch.sym_float(n)` (a symbolic size used as a float: interpolation scales) as
+    `aten.Float.Scalar(n)`, the op torch-mlir's importer itself emits when it promotes a symbolic int,
+    and lowers. The importer has no entry for the Python function: "FIX ME: Unimplemented
+    call_function: target=<function sym_float ...>" (torch-mlir's e2e UpSampleNearest1dVecNoneShape).
+
+    The way back, `math.trunc` of a symbolic float (interpolate's recompute_scale_factor), is left
+    alone: torch-mlir's `aten.Int.float` has no lowering, and its `aten.Int.Scalar` of a float rounds
+    where Python truncates (4 * 1.9 gave 8 rows where eager has 7)."""
+    changed = False
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is torch.sym_float:
+            node.target = torch.ops.aten.Float.Scalar
+            changed = True
+    if changed:
+        program.graph_module.recompile()
 
 
 def concrete_size(d):

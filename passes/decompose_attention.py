@@ -142,6 +142,13 @@ class DecomposeAttentionPass(DecompositionPass):
                 self.rewrote_here("decode")
                 return decode_attention(q, k, v, attn_mask, scale)
             self.rewrote_here("general")
+            if scale is None and not isinstance(q.shape[-1], int):
+                # A symbolic head dim: torch's math form takes 1/sqrt(D) as Python float arithmetic on
+                # the size (sym_float, pow), which torch-mlir's importer cannot take ("Unsupported
+                # builtin function for symbolic types: <built-in function pow>"). The same scale as
+                # a 0-d tensor, applied to q.
+                q = q * torch.rsqrt(torch.scalar_tensor(q.shape[-1], dtype=torch.float32)).to(q.dtype)
+                scale = 1.0
             return general(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
         # The general form goes through PyTorch's math kernels (e.g. _scaled_dot_product_flash_attention_for_cpu),
