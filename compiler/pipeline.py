@@ -36,6 +36,7 @@ GRAPH_PASSES: list[str] = [
     "prims-as-aten",  # prims.squeeze/view_of/split_dim/prod a model calls: ATen ops (run_decompositions refuses aliasing prims)
     "slice-copy",  # torch-mlir has no aten.slice_copy lowering
     "zero-k-products",  # mm/bmm with K = 0 (IREE 3.13 is killed by SIGFPE): the operands' sums multiplied
+    "narrow-int-products",  # int8/uint8/int16 mm/bmm in int32, wrapped back (torch-mlir's int8 accumulator crashes iree-compile)
     "vecmat-as-mv",  # llvm-cpu: vector x matrix with a dynamic N as mv of the transpose (IREE's global-opt data tiling returns it padded)
     "decompose-moe",  # MoE experts (transformers 5): histc, _grouped_mm, grouped_mm_fallback as gathers / masked bmm
     "adaptive-max-pool",  # adaptive max pooling as window gathers + max per axis (IREE rejects torch-mlir's pooling form)
