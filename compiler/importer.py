@@ -249,10 +249,22 @@ def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = N
             importer.import_program(exported.program, func_name=func_name)
         except Exception as e:
             raise CompileError(f"torch-mlir FX import of {func_name} failed: {type(e).__name__}: {e}") from e
+    diagnostics: list[str] = []
+
+    def collect(d) -> bool:
+        if d.severity == ir.DiagnosticSeverity.ERROR:
+            diagnostics.append(f"{d.location}: {d.message}")
+        return False  # let MLIR handle (and print) it as it would
+
+    handler = ctx.attach_diagnostic_handler(collect)
     try:
         module = fx._module_lowering(False, False, OutputType.TORCH, importer.module)
     except TorchMlirCompilerError as e:
-        raise CompileError(f"torch-mlir lowering to the torch backend contract failed:\n{e}") from e
+        # torch-mlir's own message says only "Failure while executing pass pipeline": name the first error.
+        first = diagnostics[0] if diagnostics else "no diagnostic was reported"
+        raise CompileError(f"torch-mlir lowering to the torch backend contract failed: {first}\n{e}") from e
+    finally:
+        handler.detach()
     if tied_results:
         _tie_results(module, tied_results)
     return module, store, sorted(hooks.mutable)
