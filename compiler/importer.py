@@ -287,6 +287,19 @@ def _drop_input_mutations(program) -> None:
     drop = {i for i, spec in enumerate(sig.output_specs) if spec.kind == OutputKind.USER_INPUT_MUTATION}
     if not drop:
         return
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    values = program.graph.output_node().args[0]
+    for i in drop:
+        target = sig.output_specs[i].target
+        written, into = values[i].meta.get("val"), placeholders[target].meta.get("val")
+        if written is not None and into is not None and list(written.shape) != list(into.shape):
+            # An out= tensor of another shape: eager fills it in place when the sizes agree, and the
+            # decomposed program returns the result in its own shape instead (torch.arange(1, 13,
+            # out=x) with x [3, 4]: [12]). Refuse rather than return the other shape.
+            raise CompileError(
+                f"the program writes a {list(written.shape)} result into its input {target!r} of shape {list(into.shape)} "
+                "(an out= tensor of another shape), which llmc cannot reproduce; return the result instead of writing it into an input"
+            )
     out = program.graph.output_node()
     out.args = (tuple(a for i, a in enumerate(out.args[0]) if i not in drop),)
     sig.output_specs[:] = [spec for i, spec in enumerate(sig.output_specs) if i not in drop]

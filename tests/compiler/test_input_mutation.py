@@ -8,10 +8,12 @@ drops the write-back (compiler/importer._drop_input_mutations): the module's cal
 inputs, so the caller never saw it. Integer results exact; f32 results exact too (sums of small
 integers)."""
 
+import pytest
 import torch
 from torch.export import Dim
 
 import llmc
+from llmc.errors import CompileError
 
 
 class _Writes(torch.nn.Module):
@@ -41,3 +43,20 @@ def test_writes_into_inputs_match_eager_and_leave_the_callers_tensors(tmp_path):
         for i, (g, w) in enumerate(zip(got, want)):
             assert g.dtype == w.dtype and torch.equal(g, w), (shape, i, g, w)
         assert all(torch.equal(a, b) for a, b in zip(args, before))
+
+
+class _ArangeOut(torch.nn.Module):
+    def forward(self, x):
+        return torch.arange(start=1, end=13, out=x)
+
+
+def test_an_out_tensor_of_another_shape_is_refused(tmp_path):
+    """Eager fills the [3, 4] x with 1..12 and returns it as [3, 4]; the decomposed program returns
+    [12] (torch-mlir's e2e ArangeStartOutViewModule): refused with one line, nothing written."""
+    x = torch.zeros(3, 4, dtype=torch.int64)
+    assert _ArangeOut()(x.clone()).shape == (3, 4)
+    with pytest.raises(CompileError) as ei:
+        llmc.compile(_ArangeOut(), (x,), output=tmp_path / "a.vmfb")
+    msg = str(ei.value)
+    assert "writes a [12] result into its input 'x' of shape [3, 4]" in msg and "\n" not in msg, msg
+    assert not list(tmp_path.iterdir())
