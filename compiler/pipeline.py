@@ -40,6 +40,8 @@ GRAPH_PASSES: list[str] = [
     "vecmat-as-mv",  # llvm-cpu: vector x matrix with a dynamic N as mv of the transpose (IREE's global-opt data tiling returns it padded)
     "decompose-moe",  # MoE experts (transformers 5): histc, _grouped_mm, grouped_mm_fallback as gathers / masked bmm
     "adaptive-max-pool",  # adaptive max pooling as window gathers + max per axis (IREE rejects torch-mlir's pooling form)
+    "isfinite",  # aten.isfinite (no torch-mlir lowering) as x == x and |x| != inf
+    "int-elementwise",  # clamp of ints with float bounds, integer pow, mixed-dtype threshold_backward: torch-mlir lowers them wrongly or not at all
     "scaled-mm",  # aten._scaled_mm (torch-mlir has no lowering): fp8 widened, f32 product, scales, out_dtype
     "sort-by-rank",  # aten.sort/topk/kthvalue as comparison counts: IREE sorts an iota in place that it shares with equal aranges (iree#24665)
     "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
