@@ -2,7 +2,7 @@
 clamp of int64 by float bounds (f32 result), int32/int64 pow of tensors with overflow and negative
 exponents, a mixed int64/f32 threshold_backward (f32 result), and isfinite of f32 values with NaN,
 +-inf, -0.0 and of int64. All exact: every value is a conversion, a comparison, a selection or a
-wrapping integer product."""
+wrapping integer product; floor division of int64 near 2^63 (the float route rounded) too."""
 
 import math
 
@@ -15,7 +15,8 @@ import llmc
 class _Ops(torch.nn.Module):
     def forward(self, x, b32, e32, b64, e64, g, s, f, n):
         return (torch.clamp(x, -2.5, 2.5), torch.pow(b32, e32), torch.pow(b64, e64),
-                torch.ops.aten.threshold_backward(g, s, 0.5), torch.isfinite(f), torch.isfinite(n))
+                torch.ops.aten.threshold_backward(g, s, 0.5), torch.isfinite(f), torch.isfinite(n),
+                torch.div(b64 * 2**59 + 5, 2**30, rounding_mode="floor"), torch.div(g, -4, rounding_mode="floor"), g // (b64 + 8))
 
 
 def _args(k: int, seed: int):
@@ -33,7 +34,7 @@ def test_int_elementwise_and_isfinite_equal_eager(tmp_path):
     k = Dim("k", min=2, max=64)
     art = llmc.compile(_Ops(), _args(4, 0), dynamic_shapes=tuple({0: k} for _ in range(9)), output=tmp_path / "o.vmfb")
     passes = {p["name"]: p for p in art.read_manifest()["passes"]}
-    assert passes["int-elementwise"]["forms"] == {"clamp": 1, "pow": 2, "threshold_backward": 1}, passes["int-elementwise"]
+    assert passes["int-elementwise"]["forms"] == {"clamp": 1, "div_floor": 3, "pow": 2, "threshold_backward": 1}, passes["int-elementwise"]
     assert passes["isfinite"]["forms"] == {"float": 1, "integer": 1}, passes["isfinite"]
     mod = llmc.load(art)
     for rows in (4, 11):
