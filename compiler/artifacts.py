@@ -159,6 +159,12 @@ def entry_signature(ep: torch.export.ExportedProgram, function: str) -> dict:
             leaves.append({"type": "constant", "value": _json_value(spec.arg.value)})
             continue
         val = producers[spec.arg.name].meta.get("val")
+        scalar = {torch.SymInt: "int", torch.SymFloat: "float", torch.SymBool: "bool"}.get(type(val))
+        if scalar is not None:
+            # A Python number the program computes (x.item(), a size): IREE returns it as a scalar,
+            # the runtime gives it back as that Python type.
+            leaves.append({"type": "scalar", "python": scalar})
+            continue
         if not isinstance(val, torch.Tensor):
             raise CompileError(f"{function}: output {spec.arg.name} is not a tensor ({type(val).__name__})")
         leaves.append({"type": "tensor", "dtype": _dtype_name(val.dtype), "shape": [_dim(d, ep) for d in val.shape]})

@@ -504,6 +504,9 @@ def _build(s: dict, tensors, vmfb):
 
             return t.view(torch.uint8)
         return t
+    if kind == "scalar":  # a Python number the program computed (x.item()), returned by IREE as a scalar
+        t = next(tensors)
+        return {"int": int, "float": float, "bool": bool}[s["python"]](t.item())
     if kind == "none":
         return None
     if kind == "constant":
