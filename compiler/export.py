@@ -154,7 +154,7 @@ QDQ_OPS = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel
 # modules put in a graph); their names change between releases (onednn.qconv2d_pointwise became
 # qconv_pointwise), and no compiler but that backend's lowers them.
 _BACKEND_NAMESPACES = ("onednn", "quantized", "mkldnn", "xnnpack", "fbgemm")
-_QDQ_DTYPES = (torch.int8, torch.uint8)
+_QDQ_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)  # 16/32-bit: f32 math (passes/qdq_float.py)
 
 
 def check_quantized_ops(ep: torch.export.ExportedProgram, where: str) -> None:
@@ -180,8 +180,8 @@ def check_quantized_ops(ep: torch.export.ExportedProgram, where: str) -> None:
             if isinstance(dtype, torch.dtype) and dtype not in _QDQ_DTYPES:
                 hint = " (for fp8 weights compile the float model with --dtype fp8)" if dtype.is_floating_point else ""
                 raise UsageError(
-                    f"{where}: quantized_decomposed.{name} to {str(dtype).replace('torch.', '')}; llmc compiles int8 and uint8 "
-                    f"quantization{hint}"
+                    f"{where}: quantized_decomposed.{name} to {str(dtype).replace('torch.', '')}; llmc compiles int8, uint8, int16 "
+                    f"and int32 quantization{hint}"
                 )
         elif ns == "torchao":
             raise UsageError(

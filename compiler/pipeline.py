@@ -40,11 +40,13 @@ GRAPH_PASSES: list[str] = [
     "vecmat-as-mv",  # llvm-cpu: vector x matrix with a dynamic N as mv of the transpose (IREE's global-opt data tiling returns it padded)
     "decompose-moe",  # MoE experts (transformers 5): histc, _grouped_mm, grouped_mm_fallback as gathers / masked bmm
     "adaptive-max-pool",  # adaptive max pooling as window gathers + max per axis (IREE rejects torch-mlir's pooling form)
-    "isfinite",  # aten.isfinite (no torch-mlir lowering) as x == x and |x| != inf
+    "scatter-reduce",  # scatters IREE fails or crashes on (include_self=False dynamic, negative dim, 0-d) or gets wrong (int mean, bool, uint8 max): eager's fill + scatter with self, dim % ndim
+    "isfinite",  # aten.isfinite (no torch-mlir lowering) as not isnan(x) and |x| != inf
     "int-elementwise",  # clamp of ints with float bounds, integer pow, mixed-dtype threshold_backward: torch-mlir lowers them wrongly or not at all
     "scaled-mm",  # aten._scaled_mm (torch-mlir has no lowering): fp8 widened, f32 product, scales, out_dtype
     "sort-by-rank",  # aten.sort/topk/kthvalue as comparison counts: IREE sorts an iota in place that it shares with equal aranges (iree#24665)
     "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
+    "qdq-wide-float",  # PT2E int16/int32 quantize/dequantize as f32 math (the integer path is for 8-bit operands)
     "qdq-contractions",  # PT2E: each matmul/conv reads its dequantize directly (IREE then forms i8 x i8 -> i32); per-layer schemes for the manifest
     "int8-signed",  # PT2E uint8 activations as int8 (zero point - 128, exact): llvm-cpu's fast integer kernels are signed
     "qdq-float",  # PT2E on archs without int64 (IREE's integer contractions need it) or --int8-math float: Q/DQ as f32 math

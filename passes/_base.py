@@ -176,10 +176,13 @@ class DecompositionPass(GraphPass):
     """A graph pass expressed as decomposition-table entries {OpOverload: python function}.
 
     The functions run while the program is retraced with fake tensors, so they see real shapes and
-    dtypes (`q.shape[2] == 1`) and choose a form per call. They must return the op's value: a pass
-    that leaves some calls of an op as they are is a plain GraphPass (re-calling the op from its own
-    decomposition would recurse). Each call reports itself with `self.rewrote_here(form)`, which
-    counts each source node once (run_decompositions may trace the program more than once).
+    dtypes (`q.shape[2] == 1`) and choose a form per call. They return the op's value, or
+    `NotImplemented` to leave the call as it is (torch's tracer then records the op unchanged). A
+    function may re-call its own op where that call is one it leaves (scatter-reduce re-calls a
+    scatter with its dim made non-negative and returns NotImplemented for non-negative dims); a
+    re-call it rewrites again recurses. Each rewritten call reports itself with
+    `self.rewrote_here(form)`, which counts each source node once (run_decompositions may trace the
+    program more than once).
     """
 
     def rewrote_here(self, form: str | None = None) -> None:

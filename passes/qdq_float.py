@@ -46,6 +46,10 @@ class QdqFloatPass(GraphPass):
         return has_qdq(program)
 
     def run(self, program):
+        return self._rewrite(program, lambda node: True)
+
+    def _rewrite(self, program, select):
+        """Rewrite the Q/DQ nodes `select` accepts (all of them for this pass)."""
         import torch.ao.quantization.fx._decomposed  # noqa: F401
 
         qd = torch.ops.quantized_decomposed
@@ -54,7 +58,7 @@ class QdqFloatPass(GraphPass):
         floated: dict = {}
         self._outputs = program.graph_signature.output_specs
         for node in list(graph.nodes):
-            if node.op != "call_function":
+            if node.op != "call_function" or not select(node):
                 continue
             if node.target in (qd.quantize_per_tensor.tensor, qd.dequantize_per_tensor.tensor, qd.quantize_per_channel.default,
                                qd.quantize_per_tensor.tensor2, qd.dequantize_per_tensor.tensor2):
@@ -93,7 +97,7 @@ class QdqFloatPass(GraphPass):
                     value = graph.call_function(_aten._to_copy.default, (value,), {"dtype": dtype})
                 self._replace(graph, node, value)
                 self.stats.rewrite("quantize per tensor")
-        for rec in self.ctx.records.get("quantization", ()):
+        for rec in self.ctx.records.get("quantization", ()) if self.name == "qdq-float" else ():
             if rec["entry"] == self.ctx.entry and rec["form"] == "integer":
                 rec["form"] = "float"
                 rec["why"] = "qdq-float: quantize / dequantize as f32 math (arch without int64, or --int8-math float)"
@@ -124,3 +128,40 @@ class QdqFloatPass(GraphPass):
                 floated[key] = zps
             return zps
         return graph.call_function(_aten._to_copy.default, (zps,), {"dtype": torch.float32})
+
+
+_WIDE = (torch.int16, torch.int32)
+
+
+def qdq_dtype(node):
+    """The integer dtype a quantized_decomposed quantize / dequantize node converts to or from."""
+    at = 5 if node.target._opname.endswith("per_tensor") else 6  # (x, scale(s), zero point(s), [axis,] qmin, qmax, dtype)
+    return node.args[at] if len(node.args) > at else node.kwargs.get("dtype")
+
+
+def _is_wide_qdq(node) -> bool:
+    target = node.target
+    return (isinstance(target, torch._ops.OpOverload) and target.namespace == "quantized_decomposed"
+            and qdq_dtype(node) in _WIDE)
+
+
+@register_pass("qdq-wide-float")
+class QdqWideFloatPass(QdqFloatPass):
+    """qdq-wide-float: int16 / int32 quantize and dequantize as f32 math, on every target.
+
+    Matches:  the quantized_decomposed nodes qdq-float takes (per-tensor quantize and dequantize,
+              per-channel dequantize, constant scalars) whose integer dtype is int16 or int32 (an
+              int32-quantized bias, an int32 result, int16 activations). int8 / uint8 nodes are left
+              to qdq-contractions' integer path.
+    Produces: qdq-float's formulas for those nodes only.
+    Safe because: they are PyTorch's reference formulas in its own order and precision (f32), so
+              the values are the ones eager computes, int32 values beyond 2^24 rounded alike.
+    Why: llmc's integer path (IREE's i8 x i8 -> i32 contractions) is for 8-bit operands; torch-mlir's
+              e2e Conv2dQInt8Module (int32 bias and result) and Conv2dQInt16Module were refused.
+    """
+
+    def applies(self, program) -> bool:
+        return any(n.op == "call_function" and _is_wide_qdq(n) for n in program.graph.nodes)
+
+    def run(self, program):
+        return self._rewrite(program, _is_wide_qdq)
