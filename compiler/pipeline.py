@@ -41,6 +41,7 @@ GRAPH_PASSES: list[str] = [
     "decompose-moe",  # MoE experts (transformers 5): histc, _grouped_mm, grouped_mm_fallback as gathers / masked bmm
     "adaptive-max-pool",  # adaptive max pooling as window gathers + max per axis (IREE rejects torch-mlir's pooling form)
     "scatter-reduce",  # scatters IREE fails or crashes on (include_self=False dynamic, negative dim, 0-d) or gets wrong (int mean, bool, uint8 max): eager's fill + scatter with self, dim % ndim
+    "dynamic-split",  # split_with_sizes with symbolic sizes (chunk of a dynamic dim) as slices: torch-mlir lowers constant sizes only
     "isfinite",  # aten.isfinite (no torch-mlir lowering) as not isnan(x) and |x| != inf
     "int-elementwise",  # clamp of ints with float bounds, integer pow, mixed-dtype threshold_backward: torch-mlir lowers them wrongly or not at all
     "scaled-mm",  # aten._scaled_mm (torch-mlir has no lowering): fp8 widened, f32 product, scales, out_dtype
