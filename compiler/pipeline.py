@@ -45,6 +45,7 @@ GRAPH_PASSES: list[str] = [
     "isfinite",  # aten.isfinite (no torch-mlir lowering) as not isnan(x) and |x| != inf
     "int-elementwise",  # clamp of ints with float bounds, integer pow, mixed-dtype threshold_backward: torch-mlir lowers them wrongly or not at all
     "scaled-mm",  # aten._scaled_mm (torch-mlir has no lowering): fp8 widened, f32 product, scales, out_dtype
+    "multinomial",  # aten.multinomial as inverse-CDF counts / Gumbel top-k (IREE fails on torch-mlir's dynamic form)
     "sort-by-rank",  # aten.sort/topk/kthvalue as comparison counts: IREE sorts an iota in place that it shares with equal aranges (iree#24665)
     "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
     "qdq-wide-float",  # PT2E int16/int32 quantize/dequantize as f32 math (the integer path is for 8-bit operands)
