@@ -39,6 +39,7 @@ GRAPH_PASSES: list[str] = [
     "narrow-int-products",  # int8/uint8/int16 mm/bmm in int32, wrapped back (torch-mlir's int8 accumulator crashes iree-compile)
     "vecmat-as-mv",  # llvm-cpu: vector x matrix with a dynamic N as mv of the transpose (IREE's global-opt data tiling returns it padded)
     "decompose-moe",  # MoE experts (transformers 5): histc, _grouped_mm, grouped_mm_fallback as gathers / masked bmm
+    "avg-pool-forms",  # avg pooling of unbatched inputs, and ceil_mode without counting padding, in forms torch-mlir lowers right
     "adaptive-max-pool",  # adaptive max pooling as window gathers + max per axis (IREE rejects torch-mlir's pooling form)
     "scatter-reduce",  # scatters IREE fails or crashes on (include_self=False dynamic, negative dim, 0-d) or gets wrong (int mean, bool, uint8 max): eager's fill + scatter with self, dim % ndim
     "dynamic-split",  # split_with_sizes with symbolic sizes (chunk of a dynamic dim) as slices: torch-mlir lowers constant sizes only
