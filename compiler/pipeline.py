@@ -61,6 +61,7 @@ GRAPH_PASSES: list[str] = [
 ]
 IR_PASSES: list[str] = [
     "log10-to-log",  # llvm-cpu links no log10f: log(x) / ln(10)
+    "f64-math",  # llvm-cpu links no libm: f64 sin/cos/tan/asin/acos/atan/atan2/tanh/log2/polar as f64 arithmetic
     "bitcast-elementwise",  # same-width view.dtype as a fusable elementwise bitcast (the fp8/bf16 weight decodes)
 ]
 

@@ -41,7 +41,7 @@ def test_manifest_records_passes_and_dump_has_every_step(tmp_path):
     assert {"prims-as-aten", "slice-copy", "decompose-attention"} <= set(decomposing)
     assert steps == [
         "00-main-export.txt", f"01-main-decompose[{','.join(decomposing)}].txt", "02-main-zero-k-products.txt",
-        "03-main-vecmat-as-mv.txt", "04-main-dtype-harmony.txt", "05-import.mlir", "06-log10-to-log.mlir", "07-bitcast-elementwise.mlir",
+        "03-main-vecmat-as-mv.txt", "04-main-dtype-harmony.txt", "05-import.mlir", "06-log10-to-log.mlir", "07-f64-math.mlir", "08-bitcast-elementwise.mlir",
     ]
     assert "log10" in (tmp_path / "dump" / "05-import.mlir").read_text()
     assert "torch.aten.log10" not in (tmp_path / "dump" / "06-log10-to-log.mlir").read_text()
