@@ -1,8 +1,10 @@
 """avg-pool-forms: average pooling in the forms torch-mlir lowers right.
 
 Matches:  `aten.avg_pool2d` / `aten.avg_pool3d` on an unbatched input (C, H, W / C, D, H, W), and
-          those with ceil_mode=True and count_include_pad=False (no divisor_override). Other calls
-          are left as they are (NotImplemented).
+          those with ceil_mode=True and count_include_pad=False (no divisor_override) and static
+          spatial sizes (the padding below is computed from them; torch-mlir's own form compiles
+          and matches eager with dynamic ones, e2e AvgPool2dCeilModeFullDimIndivisibleByStride).
+          Other calls are left as they are (NotImplemented).
 Produces: unbatched: the same pooling of x.unsqueeze(0), squeezed back. ceil_mode without counting
           the padding: x padded with zeros explicitly (PyTorch's padding on the left; padding plus
           the ceil-mode overhang on the right, from PyTorch's output-size rule: the last window
@@ -49,7 +51,7 @@ def _ceil_exclude_pad(op, x, spatial: int, kernel_size, stride, padding):
             out = out - 1
         # The overhang of the last window past the input and the left padding; when it does not even
         # reach the right padding (negative), floor mode over x with no right padding has the same windows.
-        right = torch.sym_max((out - 1) * s[d] + k[d] - length - p[d], 0)
+        right = max((out - 1) * s[d] + k[d] - length - p[d], 0)
         pads = [p[d], right] + pads  # F.pad lists the last dim first
     padded = torch.nn.functional.pad(x, pads)
     ones = torch.nn.functional.pad(torch.ones_like(x[:1, :1]), pads)
@@ -66,7 +68,8 @@ class AvgPoolFormsPass(DecompositionPass):
                 if x.dim() == spatial + 1:
                     self.rewrote_here("unbatched")
                     return op(x.unsqueeze(0), kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override).squeeze(0)
-                if ceil_mode and not count_include_pad and divisor_override is None:
+                static = all(isinstance(n, int) for n in x.shape[x.dim() - spatial:])
+                if ceil_mode and not count_include_pad and divisor_override is None and static:
                     self.rewrote_here("ceil-exclude-pad")
                     return _ceil_exclude_pad(op, x, spatial, kernel_size, stride, padding)
                 return NotImplemented
