@@ -74,9 +74,9 @@ def int_floor_div(a: torch.Tensor, b) -> torch.Tensor:
 @register_pass("int-elementwise")
 class IntElementwisePass(DecompositionPass):
     def decompositions(self) -> dict:
-        from llmc.compiler.pipeline import base_decompositions
+        from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # llmc's base table is torch-mlir's
 
-        table_threshold_backward = base_decompositions().get(_aten.threshold_backward.default)
+        table_threshold_backward = get_decomposition_table().get(_aten.threshold_backward.default)
 
         def clamp(x, min=None, max=None):
             bound = min if min is not None else max
