@@ -306,3 +306,53 @@ def tensor_key(t) -> tuple:
     """What makes two tensors the same weight: storage, offset, shape and strides (tied weights,
     and one tensor seen by several entry points, have the same key)."""
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+
+_VTENSOR_PREFIX = "!torch.vtensor<["
+
+
+def vtensor_dims(type_text: str) -> tuple[list[str], str] | None:
+    """!torch.vtensor<[4,?],si32> -> (["4", "?"], "si32"); None for any other type."""
+    if not type_text.startswith(_VTENSOR_PREFIX) or "]," not in type_text:
+        return None
+    shape, elem = type_text[len(_VTENSOR_PREFIX): -1].rsplit("],", 1)
+    return ([d.strip() for d in shape.split(",")] if shape else []), elem.strip()
+
+
+def builtin_tensor(dims: list[str], elem: str) -> str:
+    """The builtin tensor type text of a shape and element type: tensor<4x?xf32>, tensor<f32>."""
+    return f"tensor<{'x'.join(dims)}x{elem}>" if dims else f"tensor<{elem}>"
+
+
+def elementwise_function(name: str, dims: list[str], in_elem: str, n_inputs: int, out_elem: str,
+                         body: list[str], result: str) -> str:
+    """A private func.func @name taking n_inputs tensors of `dims` x in_elem and returning one of
+    out_elem, computing `body` (block arguments %x0.. %x{n-1}, then %out) elementwise in one
+    linalg.generic and yielding `result`. Dynamic dims are read from the first input. IR passes
+    that need exact scalar arithmetic (no torch promotion or folding) call such functions."""
+    t_in, t_out = builtin_tensor(dims, in_elem), builtin_tensor(dims, out_elem)
+    idx = ", ".join(f"d{i}" for i in range(len(dims)))
+    amap = f"affine_map<({idx}) -> ({idx})>"
+    iters = ", ".join(['"parallel"'] * len(dims))
+    params = ", ".join(f"%a{i}: {t_in}" for i in range(n_inputs))
+    lines = [f"func.func private @{name}({params}) -> {t_out} {{"]
+    dyn = []
+    for i, d in enumerate(dims):
+        if d == "?":
+            lines.append(f"  %c{i} = arith.constant {i} : index")
+            lines.append(f"  %d{i} = tensor.dim %a0, %c{i} : {t_in}")
+            dyn.append(f"%d{i}")
+    lines.append(f"  %empty = tensor.empty({', '.join(dyn)}) : {t_out}")
+    ins = ", ".join(f"%a{i}" for i in range(n_inputs))
+    lines.append(
+        f"  %res = linalg.generic {{indexing_maps = [{', '.join([amap] * (n_inputs + 1))}], iterator_types = [{iters}]}} "
+        f"ins({ins} : {', '.join([t_in] * n_inputs)}) outs(%empty : {t_out}) {{"
+    )
+    lines.append(f"  ^bb0({', '.join(f'%x{i}: {in_elem}' for i in range(n_inputs))}, %out: {out_elem}):")
+    lines += [f"    {line}" for line in body]
+    lines.append(f"    linalg.yield {result} : {out_elem}")
+    lines.append(f"  }} -> {t_out}")
+    lines.append(f"  return %res : {t_out}")
+    lines.append("}")
+    return "\n".join(lines)
+

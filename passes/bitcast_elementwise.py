@@ -18,45 +18,15 @@ Why: torch-mlir lowers `view.dtype` to a tensor-level bitcast that IREE does not
 
 from __future__ import annotations
 
-from llmc.passes._base import IRPass, Requires, register_pass, walk_ops
+from llmc.passes._base import IRPass, Requires, builtin_tensor, elementwise_function, register_pass, vtensor_dims, walk_ops
 
 _BUILTIN = {"si16": "i16", "si32": "i32", "si64": "i64", "ui16": "i16", "ui32": "i32", "f16": "f16", "bf16": "bf16", "f32": "f32", "f64": "f64"}
 _WIDTH = {"i16": 16, "f16": 16, "bf16": 16, "i32": 32, "f32": 32, "i64": 64, "f64": 64}
 
 
-def _vtensor(type_text: str) -> tuple[list[str], str] | None:
-    """!torch.vtensor<[4,?],si32> -> (["4", "?"], "si32")"""
-    if not type_text.startswith("!torch.vtensor<[") or "]," not in type_text:
-        return None
-    shape, elem = type_text[len("!torch.vtensor<[") : -1].rsplit("],", 1)
-    return ([d.strip() for d in shape.split(",")] if shape else []), elem.strip()
-
-
 def _helper(name: str, dims: list[str], src: str, dst: str) -> str:
     """A private function bitcasting a tensor<dims x src> to dst element by element."""
-    shape = "x".join(dims)
-    t_in, t_out = f"tensor<{shape}x{src}>" if dims else f"tensor<{src}>", f"tensor<{shape}x{dst}>" if dims else f"tensor<{dst}>"
-    idx = ", ".join(f"d{i}" for i in range(len(dims)))
-    iters = ", ".join(['"parallel"'] * len(dims))
-    lines = [f"func.func private @{name}(%a: {t_in}) -> {t_out} {{"]
-    dyn = []
-    for i, d in enumerate(dims):
-        if d == "?":
-            lines.append(f"  %c{i} = arith.constant {i} : index")
-            lines.append(f"  %d{i} = tensor.dim %a, %c{i} : {t_in}")
-            dyn.append(f"%d{i}")
-    lines.append(f"  %e = tensor.empty({', '.join(dyn)}) : {t_out}")
-    lines.append(
-        f"  %g = linalg.generic {{indexing_maps = [affine_map<({idx}) -> ({idx})>, affine_map<({idx}) -> ({idx})>], "
-        f"iterator_types = [{iters}]}} ins(%a : {t_in}) outs(%e : {t_out}) {{"
-    )
-    lines.append(f"  ^bb0(%x: {src}, %o: {dst}):")
-    lines.append(f"    %c = arith.bitcast %x : {src} to {dst}")
-    lines.append(f"    linalg.yield %c : {dst}")
-    lines.append(f"  }} -> {t_out}")
-    lines.append(f"  return %g : {t_out}")
-    lines.append("}")
-    return "\n".join(lines)
+    return elementwise_function(name, dims, src, 1, dst, [f"%c = arith.bitcast %x0 : {src} to {dst}"], "%c")
 
 
 @register_pass("bitcast-elementwise", Requires())
@@ -66,7 +36,7 @@ class BitcastElementwisePass(IRPass):
 
         helpers: dict[str, str] = {}
         for op in walk_ops(module, {"torch.aten.view.dtype"}):
-            src, dst = _vtensor(str(op.operands[0].type)), _vtensor(str(op.results[0].type))
+            src, dst = vtensor_dims(str(op.operands[0].type)), vtensor_dims(str(op.results[0].type))
             if src is None or dst is None:
                 self.stats.decline(str(op.location), "not a value tensor")
                 continue
@@ -81,9 +51,7 @@ class BitcastElementwisePass(IRPass):
                 fn = helper_module.body.operations[0]
                 module.body.append(fn)
                 helpers[name] = name
-            shape = "x".join(dims)
-            t_in = ir.Type.parse(f"tensor<{shape}x{s}>" if dims else f"tensor<{s}>")
-            t_out = ir.Type.parse(f"tensor<{shape}x{d}>" if dims else f"tensor<{d}>")
+            t_in, t_out = ir.Type.parse(builtin_tensor(dims, s)), ir.Type.parse(builtin_tensor(dims, d))
             with ir.InsertionPoint(op), op.location:
                 builtin = ir.Operation.create("torch_c.to_builtin_tensor", results=[t_in], operands=[op.operands[0]]).result
                 call = ir.Operation.create(

@@ -53,7 +53,7 @@ import math
 import struct
 from fractions import Fraction
 
-from llmc.passes._base import IRPass, Requires, register_pass, walk_ops
+from llmc.passes._base import IRPass, Requires, builtin_tensor, elementwise_function, register_pass, vtensor_dims, walk_ops
 
 # pi in hexadecimal, 256 bits after the point (checked against mpmath in the numerics test).
 PI_HEX = "3.243f6a8885a308d313198a2e03707344a4093822299f31d0082efa98ec4e6c89"
@@ -382,22 +382,9 @@ class _Ops:
 # ---------------------------------------------------------------------------------------------
 # The pass.
 
-_VTENSOR_PREFIX = "!torch.vtensor<["
 _TORCH_DTYPE = {"f64": 7}
 _UNARY = {f"torch.aten.{n}": n for n in ("sin", "cos", "tan", "asin", "acos", "atan", "tanh", "log2")}
 _BINARY = {"torch.aten.atan2": "atan2", "torch.aten.polar": "polar"}
-
-
-def _vtensor(type_text: str) -> tuple[list[str], str] | None:
-    """!torch.vtensor<[4,?],f64> -> (["4", "?"], "f64")"""
-    if not type_text.startswith(_VTENSOR_PREFIX) or "]," not in type_text:
-        return None
-    shape, elem = type_text[len(_VTENSOR_PREFIX): -1].rsplit("],", 1)
-    return ([d.strip() for d in shape.split(",")] if shape else []), elem.strip()
-
-
-def _builtin(dims: list[str], elem: str) -> str:
-    return f"tensor<{'x'.join(dims)}x{elem}>" if dims else f"tensor<{elem}>"
 
 
 def helper_text(name: str, fn: str, dims: list[str], n_inputs: int) -> str:
@@ -413,31 +400,7 @@ def helper_text(name: str, fn: str, dims: list[str], n_inputs: int) -> str:
         out_elem = "complex<f64>"
     else:
         result = FUNCTIONS[fn](E, *args)
-    t_in, t_out = _builtin(dims, "f64"), _builtin(dims, out_elem)
-    idx = ", ".join(f"d{i}" for i in range(len(dims)))
-    amap = f"affine_map<({idx}) -> ({idx})>"
-    iters = ", ".join(['"parallel"'] * len(dims))
-    params = ", ".join(f"%a{i}: {t_in}" for i in range(n_inputs))
-    lines = [f"func.func private @{name}({params}) -> {t_out} {{"]
-    dyn = []
-    for i, d in enumerate(dims):
-        if d == "?":
-            lines.append(f"  %c{i} = arith.constant {i} : index")
-            lines.append(f"  %d{i} = tensor.dim %a0, %c{i} : {t_in}")
-            dyn.append(f"%d{i}")
-    lines.append(f"  %empty = tensor.empty({', '.join(dyn)}) : {t_out}")
-    ins = ", ".join(f"%a{i}" for i in range(n_inputs))
-    lines.append(
-        f"  %res = linalg.generic {{indexing_maps = [{', '.join([amap] * (n_inputs + 1))}], iterator_types = [{iters}]}} "
-        f"ins({ins} : {', '.join([t_in] * n_inputs)}) outs(%empty : {t_out}) {{"
-    )
-    lines.append(f"  ^bb0({', '.join(f'%x{i}: f64' for i in range(n_inputs))}, %out: {out_elem}):")
-    lines += [f"    {line}" for line in body.lines]
-    lines.append(f"    linalg.yield {result.name} : {out_elem}")
-    lines.append(f"  }} -> {t_out}")
-    lines.append(f"  return %res : {t_out}")
-    lines.append("}")
-    return "\n".join(lines)
+    return elementwise_function(name, dims, "f64", n_inputs, out_elem, body.lines, result.name)
 
 
 @register_pass("f64-math", Requires(backends=("llvm-cpu",)))
@@ -450,7 +413,7 @@ class F64MathPass(IRPass):
                    if "sym_name" in op.attributes}
         for op in walk_ops(module, set(names)):
             fn = names[op.name]
-            result = _vtensor(str(op.results[0].type))
+            result = vtensor_dims(str(op.results[0].type))
             want = "complex<f64>" if fn == "polar" else "f64"
             if result is None:
                 self.stats.decline(str(op.location), f"{op.results[0].type} result")
@@ -461,7 +424,7 @@ class F64MathPass(IRPass):
                     self.stats.decline(str(op.location), "complex<f64> operand")
                 continue  # f32, f16, bf16 (and complex<f32>): IREE's llvm-cpu approximates them itself
             operands = list(op.operands[: 2 if fn in ("atan2", "polar") else 1])
-            types = [_vtensor(str(x.type)) for x in operands]
+            types = [vtensor_dims(str(x.type)) for x in operands]
             if any(t is None or "complex" in t[1] for t in types):
                 self.stats.decline(str(op.location), "operand not a real tensor")
                 continue
@@ -477,9 +440,9 @@ class F64MathPass(IRPass):
                 values = [self._as_f64(ir, x, t) for x, t in zip(operands, types)]
                 if len(values) == 2:
                     values = [self._broadcast(ir, v, other, dims) for v, other in zip(values, values[::-1])]
-                t_in = ir.Type.parse(_builtin(dims, "f64"))
+                t_in = ir.Type.parse(builtin_tensor(dims, "f64"))
                 builtins = [ir.Operation.create("torch_c.to_builtin_tensor", results=[t_in], operands=[v]).result for v in values]
-                call = ir.Operation.create("func.call", results=[ir.Type.parse(_builtin(dims, want))], operands=builtins,
+                call = ir.Operation.create("func.call", results=[ir.Type.parse(builtin_tensor(dims, want))], operands=builtins,
                                            attributes={"callee": ir.FlatSymbolRefAttr.get(name)}).result
                 back = ir.Operation.create("torch_c.from_builtin_tensor", results=[op.results[0].type], operands=[call]).result
             op.results[0].replace_all_uses_with(back)
@@ -504,7 +467,7 @@ class F64MathPass(IRPass):
     @staticmethod
     def _broadcast(ir, x, other, dims):
         """x with the result's shape: x * ones_like(other) (exact, and IREE folds the product away)."""
-        if _vtensor(str(x.type))[0] == dims:
+        if vtensor_dims(str(x.type))[0] == dims:
             return x
         none = ir.Operation.create("torch.constant.none", results=[ir.Type.parse("!torch.none")]).result
         ones = ir.Operation.create("torch.aten.ones_like", results=[other.type], operands=[other, none, none, none, none, none]).result
