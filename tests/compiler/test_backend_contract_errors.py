@@ -26,3 +26,18 @@ def test_a_backend_contract_failure_names_the_diagnostic(tmp_path):
     assert first.startswith("torch-mlir lowering to the torch backend contract failed: "), first
     assert "doesn't match function result type ('!torch.vtensor<[7,4,6],f32>')" in first, first
     assert not list(tmp_path.iterdir())
+
+
+def test_the_cli_reports_it_with_exit_3(tmp_path):
+    from conftest import llmc_in_process
+
+    pt2 = tmp_path / "conv_tbc.pt2"
+    torch.export.save(torch.export.export(_ConvTbc(), (torch.rand(9, 4, 5), torch.rand(3, 5, 6), torch.rand(6))), pt2)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = llmc_in_process("compile", pt2, "-o", out / "c.vmfb")
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("llmc: error: ")]
+    assert r.returncode == 3 and len(errors) == 1, r.stderr
+    assert "backend contract failed: " in errors[0] and "doesn't match function result type" in errors[0], errors
+    assert "Traceback" not in r.stderr and not list(out.iterdir())
+

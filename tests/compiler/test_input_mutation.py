@@ -60,3 +60,18 @@ def test_an_out_tensor_of_another_shape_is_refused(tmp_path):
     msg = str(ei.value)
     assert "writes a [12] result into its input 'x' of shape [3, 4]" in msg and "\n" not in msg, msg
     assert not list(tmp_path.iterdir())
+
+
+def test_the_cli_refuses_it_with_exit_3_and_one_line(tmp_path):
+    from conftest import llmc_in_process, message_lines
+
+    pt2 = tmp_path / "arange_out.pt2"
+    torch.export.save(torch.export.export(_ArangeOut(), (torch.zeros(3, 4, dtype=torch.int64),)), pt2)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = llmc_in_process("compile", pt2, "-o", out / "a.vmfb")
+    lines = message_lines(r.stderr)
+    assert r.returncode == 3 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("llmc: error: ") and "into its input 'x' of shape [3, 4]" in lines[0], lines
+    assert "Traceback" not in r.stderr and not list(out.iterdir())
+
