@@ -23,7 +23,7 @@ import numpy as np
 
 from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
 from llmc import dtypes
-from llmc.runtime.device import first_line
+from llmc.runtime.device import first_line, is_device_lost
 
 log = logging.getLogger("llmc.runtime")
 _CPU_DATA_READY = False  # IREE's process-wide CPU data is filled in (Module._warm_cpu_data)
@@ -180,8 +180,6 @@ class EntryPoint:
         return "(" + ", ".join(parts) + ")"
 
     def call_raw(self, arrays: list):
-        from llmc.runtime.device import is_device_lost
-
         for retried in (False, True):
             try:
                 return self._function()(*arrays)
