@@ -42,6 +42,7 @@ def compile_model(
     fp8_embeddings: bool = False,
     cpu_dispatch: str = "modules",
     int8_math: str = "integer",
+    tensor_parallel: int = 1,
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
 
@@ -68,6 +69,8 @@ def compile_model(
     no data tiling in IREE 3.13, so f32 matmuls are slower).
     int8_math (int8 PT2E programs): "integer" (i8 x i8 -> i32 contractions where the arch can) or
     "float" (quantize / dequantize as f32 math, contractions in f32: docs/int8.md).
+    tensor_parallel (Llama checkpoints): split the model over this many devices of the target, one
+    module holding the copies between them (docs/tensor-parallel.md); llmc.load opens that many.
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,
@@ -75,7 +78,7 @@ def compile_model(
         extra_iree_flags=tuple(extra_iree_flags), quiet=quiet, max_seq_len=max_seq_len, config=config,
         quant_exclude=_patterns(quant_exclude), quant_embeddings=quant_embeddings,
         fp8_exclude=_patterns(fp8_exclude), fp8_scales=fp8_scales, fp8_embeddings=fp8_embeddings,
-        cpu_dispatch=cpu_dispatch, int8_math=int8_math,
+        cpu_dispatch=cpu_dispatch, int8_math=int8_math, tensor_parallel=tensor_parallel,
     )
     opts.resolve()  # bad target, dtype or quantization options fail before anything is loaded
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
@@ -90,6 +93,9 @@ def compile_model(
     if max_seq_len is not None:
         what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
         raise UsageError(f"--max-seq-len applies to Llama checkpoints; {what} is not one")
+    if tensor_parallel != 1:
+        what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
+        raise UsageError(f"--tensor-parallel applies to Llama checkpoints; {what} is not one")
     return compile_program(model, tuple(example_args), example_kwargs, dynamic_shapes, opts)
 
 

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_options(c)
     c.add_argument("--config", default=None, metavar="NAME|FILE", help="Llama: the config of a state dict saved on its own (.pt/.pth/.safetensors with nothing beside it): a name such as llama3-8b, or a params.json / config.json path")
     c.add_argument("--max-seq-len", type=int, default=None, metavar="N", help="Llama checkpoints: KV-cache length, the longest prompt + generation (default min(4096, the model's context))")
+    c.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="Llama checkpoints: split the model over N devices of the target (attention heads and MLP split, "
+                        "all-reduce inside the module; cpu: N local devices in one process); default 1")
     c.add_argument("-o", "--output", default=None, help="output .vmfb path (default ./MODEL_STEM.vmfb)")
     c.add_argument("--dump-ir", default=None, metavar="DIR", help="write the IR after import and after each pass")
     c.add_argument("--repro-dir", default=None, metavar="DIR", help="where to save reproducers on failure (default: the output folder)")
@@ -201,6 +204,7 @@ def cmd_compile(args) -> int:
         quant_embeddings=args.quant_embeddings,
         cpu_dispatch=args.cpu_dispatch,
         int8_math=args.int8_math,
+        tensor_parallel=args.tensor_parallel,
     )
     # compile_model validates the path, target and output before any work; Llama checkpoints
     # (Meta .pth + params.json, HF folders) become a prefill + decode module (compiler/llm.py).
@@ -317,6 +321,16 @@ def cmd_info(args) -> int:
             f"llm:      {cfg['name']}: {cfg['n_layers']} layers, dim {cfg['dim']}, heads {cfg['n_heads']}/{cfg['n_kv_heads']} kv, "
             f"vocab {cfg['vocab_size']}; max-seq-len {m['llm']['max_seq_len']}, KV cache {cache['count']} x {cache['dtype']}{cache['shape']}"
         )
+        tp = m["llm"].get("tensor_parallel")
+        if tp:
+            per = tp.get("param_bytes_by_device") or []
+            placed = ", ".join(f"device {d}: {b / 1e6:.1f} MB" for d, b in enumerate(per[:-1]))
+            placed += f", placed by IREE: {per[-1] / 1e6:.1f} MB" if per and per[-1] else ""
+            print(f"split:    {tp['devices']} devices ({t['device']} x{tp['devices']}): {tp['heads_per_device']} heads, "
+                  f"{tp['kv_heads_per_device']} KV heads, {tp['ffn_per_device']} MLP channels and {tp['vocab_per_device']} vocabulary "
+                  f"rows a device; all-reduce after o_proj and down_proj; KV cache {cache['count'] // tp['devices']} tensors a device")
+            if placed:
+                print(f"weights:  {placed}")
         tok = m["llm"].get("tokenizer")
         if tok:
             chat = ", chat template from " + tok["config"] if tok.get("config") else ""

@@ -20,6 +20,7 @@ they are state kept on the device, never outputs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from pathlib import Path
 
@@ -222,13 +223,27 @@ def import_exported(exported, func_name: str = "main"):
     return import_programs([(exported, func_name)])
 
 
-def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = None):
+@dataclasses.dataclass(frozen=True)
+class DevicePlan:
+    """Where a multi-device module's values live (--tensor-parallel): `n` devices, IREE's
+    `@__device_0..n-1`. args/results: {func_name: {index: device}}; any argument or result not named is
+    device 0's. param_device(name) -> the device a parameter's global is pinned to, or None to let
+    IREE place it by its uses."""
+
+    n: int
+    args: dict = dataclasses.field(default_factory=dict)
+    results: dict = dataclasses.field(default_factory=dict)
+    param_device: object = None
+
+
+def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = None, devices: DevicePlan | None = None):
     """Import several exported programs as functions of ONE module sharing one ParamStore.
 
     programs: [(Exported, func_name)]. Tensors shared between the programs (the same storage, as
     when prefill and decode wrap one model) become one parameter. tied_results: {func_name:
     {result_index: argument_index}} marks results that IREE must write into the given argument's
-    buffer (`iree.abi.tied`), e.g. an updated KV cache. Returns (module, ParamStore, mutable names).
+    buffer (`iree.abi.tied`), e.g. an updated KV cache. devices: where a multi-device module's
+    arguments, results and parameters live (DevicePlan). Returns (module, ParamStore, mutable names).
     """
     from torch_mlir import fx, ir
     from torch_mlir.compiler_utils import OutputType, TorchMlirCompilerError
@@ -249,6 +264,7 @@ def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = N
             importer.import_program(exported.program, func_name=func_name)
         except Exception as e:
             raise CompileError(f"torch-mlir FX import of {func_name} failed: {type(e).__name__}: {e}") from e
+    _lower_transfers(importer.module)
     diagnostics: list[str] = []
 
     def collect(d) -> bool:
@@ -267,6 +283,8 @@ def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = N
         handler.detach()
     if tied_results:
         _tie_results(module, tied_results)
+    if devices is not None and devices.n > 1:
+        _place_on_devices(module, devices)
     return module, store, sorted(hooks.mutable)
 
 
@@ -349,6 +367,109 @@ def _constant_sizes_static(importer) -> None:
             return super().format_asm_shape([concrete_size(d) for d in shape])
 
     importer._cc = StaticConstants(importer._c, py_attr_tracker=importer._py_attr_tracker)
+
+
+# models/llama/tensor_parallel.py's llmc::transfer and llmc::barrier as torch-mlir imports them, and
+# the IREE op each becomes
+_DEVICE_OPS = {"torch.llmc.transfer": "flow.tensor.transfer", "torch.llmc.barrier": "flow.tensor.barrier"}
+
+
+def _lower_transfers(module) -> None:
+    """`llmc::transfer(x, d)` (a tensor placed on logical device d, models/llama/tensor_parallel.py)
+    as IREE's own op, before torch-mlir's backend pipeline (which refuses any `torch.operator`):
+
+        %b = torch_c.to_builtin_tensor %x
+        %t = flow.tensor.transfer %b : tensor<..>{dynamic dims} to #hal.device.promise<@__device_d>
+        %y = torch_c.from_builtin_tensor %t
+
+    and `llmc::barrier(x, d)` the same way as `flow.tensor.barrier %b ... on #hal.device.promise<..>`.
+
+    The flow op is opaque to torch-mlir (its context allows unregistered dialects) and reaches
+    iree-compile as it is; the devices `@__device_0..N-1` are declared by its flags
+    (`--iree-hal-target-device=local[i]`, compiler/targets.py), as iree-turbine's
+    `transfer_to_logical_device` expects them."""
+    from torch_mlir import ir
+
+    from llmc.passes._base import builtin_tensor, vtensor_dims
+
+    ops = [op for op in _walk(module.operation) if op.name == "torch.operator"
+           and ir.StringAttr(op.attributes["name"]).value in _DEVICE_OPS]
+    if not ops:
+        return
+    with module.context, ir.Location.unknown():
+        module.context.allow_unregistered_dialects = True
+        index = ir.IndexType.get()
+        for op in ops:
+            x, device = op.operands
+            d = ir.IntegerAttr(device.owner.attributes["value"]).value
+            flow_op = _DEVICE_OPS[ir.StringAttr(op.attributes["name"]).value]
+            parsed = vtensor_dims(str(x.type))
+            if parsed is None:
+                raise CompileError(f"{flow_op} of a non-tensor value ({x.type})")
+            dims, elem = parsed
+            elem = elem.lstrip("su") if elem[:2] in ("si", "ui") else elem
+            builtin = ir.Type.parse(builtin_tensor(dims, elem))
+            with ir.InsertionPoint(op):
+                b = ir.Operation.create("torch_c.to_builtin_tensor", results=[builtin], operands=[x]).result
+                sizes = []
+                for i, size in enumerate(dims):
+                    if size == "?":
+                        c = ir.Operation.create("arith.constant", results=[index],
+                                                attributes={"value": ir.IntegerAttr.get(index, i)}).result
+                        sizes.append(ir.Operation.create("tensor.dim", results=[index], operands=[b, c]).result)
+                t = ir.Operation.create(
+                    flow_op, results=[builtin], operands=[b, *sizes],
+                    attributes={"target": ir.Attribute.parse(f"#hal.device.promise<@__device_{d}>")},
+                ).result
+                y = ir.Operation.create("torch_c.from_builtin_tensor", results=[op.results[0].type], operands=[t]).result
+            op.results[0].replace_all_uses_with(y)
+            op.erase()
+
+
+def _place_on_devices(module, plan: DevicePlan) -> None:
+    """`iree.abi.affinity` on every argument and result of every function (DevicePlan.args/results,
+    else device 0), and `stream.affinity` on the globals of pinned parameters: IREE then imports each
+    input on its device, runs each op on the device of its operands and keeps each weight (and each
+    KV-cache shard, a tied argument) on its device only."""
+    from torch_mlir import ir
+
+    def promise(d: int):
+        return ir.Attribute.parse(f"#hal.device.promise<@__device_{d}>")
+
+    def with_affinity(attrs, count: int, where: dict):
+        old = list(ir.ArrayAttr(attrs)) if attrs is not None else [ir.DictAttr.get({})] * count
+        out = []
+        for i, a in enumerate(old):
+            entries = {na.name: na.attr for na in ir.DictAttr(a)}
+            entries["iree.abi.affinity"] = promise(where.get(i, 0))
+            out.append(ir.DictAttr.get(entries))
+        return ir.ArrayAttr.get(out)
+
+    with module.context:
+        module.context.allow_unregistered_dialects = True
+        for op in module.body.operations:
+            op = op.operation
+            if op.name == "func.func" and "function_type" in op.attributes:
+                name = ir.StringAttr(op.attributes["sym_name"]).value
+                ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+                if op.attributes.get("sym_visibility") is not None and ir.StringAttr(op.attributes["sym_visibility"]).value == "private":
+                    continue
+                for key, count, where in (("arg_attrs", len(ftype.inputs), plan.args.get(name, {})),
+                                          ("res_attrs", len(ftype.results), plan.results.get(name, {}))):
+                    current = op.attributes[key] if key in op.attributes else None
+                    op.attributes[key] = with_affinity(current, count, where)
+            elif op.name == "util.global" and plan.param_device is not None:
+                d = plan.param_device(ir.StringAttr(op.attributes["sym_name"]).value)
+                if d is not None:
+                    op.attributes["stream.affinity"] = promise(d)
+
+
+def _walk(op):
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                yield child.operation
+                yield from _walk(child.operation)
 
 
 def _tie_results(module, tied: dict[str, dict[int, int]]) -> None:

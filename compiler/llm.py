@@ -31,6 +31,7 @@ from llmc.compiler import artifacts, export, lower
 from llmc.compiler.progress import Phases
 from llmc.errors import ExportError, UsageError
 from llmc.models.llama.config import LlamaConfig
+from llmc.models.llama import tensor_parallel as tensor_parallel_llama
 from llmc.models.llama.model import Llama, LlamaDecode, LlamaPrefill, new_cache
 
 DEFAULT_MAX_SEQ_LEN = 4096
@@ -147,10 +148,12 @@ def _default_len(config: LlamaConfig) -> int:
     return min(config.max_seq_len, DEFAULT_MAX_SEQ_LEN)
 
 
-def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool | tuple = False) -> list[lower.Entry]:
+def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool | tuple = False,
+               tensor_parallel: int = 1) -> list[lower.Entry]:
     """Export prefill and decode over one converted copy of the model, as the module's entry points.
     keep_narrow_linears: see export.convert_module (fp8/int8 quantized from the checkpoint's own dtype, bf16
-    weights under f32 math stored as they are)."""
+    weights under f32 math stored as they are). tensor_parallel: N > 1 exports the model split over N
+    devices (models/llama/tensor_parallel.py), each cache shard an argument on its device."""
     from torch.export import Dim
 
     tdt = dtypes.compute_torch_dtype(dtype)
@@ -158,7 +161,18 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
     llama = export.convert_module(llama, tdt, keep_narrow_linears=keep_narrow_linears).eval()
     llama.set_rope_positions(max_seq_len)  # f32 tables sized to the cache; they become parameters
     config = llama.config
-    cache = new_cache(config, max_seq_len, tdt)
+    n = tensor_parallel
+    if n > 1:
+        tp = tensor_parallel_llama.TensorParallelLlama(llama, n)
+        cache = tensor_parallel_llama.new_cache(config, n, max_seq_len, tdt)
+        wrappers = {"prefill": tensor_parallel_llama.TensorParallelPrefill(tp), "decode": tensor_parallel_llama.TensorParallelDecode(tp)}
+        strip = "tp."
+        cache_device = [d for _, d, _ in tensor_parallel_llama.cache_order(config.n_layers, n)]
+    else:
+        cache = new_cache(config, max_seq_len, tdt)
+        wrappers = {"prefill": LlamaPrefill(llama), "decode": LlamaDecode(llama)}
+        strip = "llama."
+        cache_device = [0] * len(cache)
     n_cache = len(cache)
     example_len = min(8, max_seq_len)
 
@@ -170,13 +184,13 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
         for name, wrapper, args, dyn in (
             (
                 "prefill",
-                LlamaPrefill(llama),
+                wrappers["prefill"],
                 (torch.zeros(1, example_len, dtype=torch.int64), *cache),
                 ({1: seq}, (None,) * n_cache),
             ),
             (
                 "decode",
-                LlamaDecode(llama),
+                wrappers["decode"],
                 (torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, example_len, dtype=torch.int64), *cache),
                 (None, {1: kv_len}, (None,) * n_cache),
             ),
@@ -186,7 +200,10 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
             except Exception as e:
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 raise ExportError(f"torch.export of {name} failed: {type(e).__name__}: {msg}") from e
-            entries.append(lower.Entry(export.Exported(ep, strip_prefix="llama."), name, tied=tied[name], logits_output=0))
+            first = 1 if name == "prefill" else 2  # the first cache argument
+            devices = {first + i: d for i, d in enumerate(cache_device) if d} if n > 1 else None
+            entries.append(lower.Entry(export.Exported(ep, strip_prefix=strip), name, tied=tied[name], logits_output=0,
+                                       arg_devices=devices, result_devices={1 + i: d for i, d in enumerate(cache_device) if d} if n > 1 else None))
     return entries
 
 
@@ -234,28 +251,70 @@ def compile_llm(model, opts: lower.CompileOptions):
             f"--max-seq-len={max_seq_len}: {config.name} was trained for {config.max_seq_len} positions; use at most that"
         )
 
+    n = target.devices
+    if n > 1:
+        try:
+            tensor_parallel_llama.check_split(config, n)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if opts.quant_exclude or opts.fp8_exclude:
+            # a device's weights are named shards.<d>.<the checkpoint's name>: the user's patterns match
+            # the checkpoint's names there too
+            pats = (*opts.quant_exclude, *opts.fp8_exclude)
+            target = dataclasses.replace(target, pass_options=tuple(
+                (k, tuple(v) + tuple(f"{tensor_parallel_llama.SHARD_PREFIX}*.{p}" for p in pats)) if k in ("fp8_exclude", "quant_exclude") else (k, v)
+                for k, v in target.pass_options))
     with phases.phase("export"):
-        entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target))
-    lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases)
-    llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem))
+        entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target), tensor_parallel=n)
+    lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases,
+                                 param_device=tensor_parallel_llama.device_of_param if n > 1 else None)
+    llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem), tensor_parallel=n)
+    if n > 1:
+        llm["tensor_parallel"]["param_bytes_by_device"] = param_bytes_by_device(lowered.store, n)
     return lower.write_artifact(
         lowered, out_vmfb, source=source, phases=phases, repro_dir=opts.repro_dir,
         extra_manifest={"llm": llm, "default_entry": "prefill"}, extra_files=tokenizer_files(tokenizer),
     )
 
 
-def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: dict | None = None) -> dict:
+def param_bytes_by_device(store, n: int) -> list[int]:
+    """Bytes of the parameters pinned to each device (a split module's names: shards.<d>.), then
+    those IREE places by their uses (the rope tables, constants) as the last entry."""
+    out = [0] * (n + 1)
+    for name, t in store.tensors.items():
+        d = tensor_parallel_llama.device_of_param(name) if name.startswith(tensor_parallel_llama.SHARD_PREFIX) else n
+        out[d] += t.numel() * t.element_size()
+    return out
+
+
+def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: dict | None = None, tensor_parallel: int = 1) -> dict:
     """The manifest's `llm` section: what generate() and `llmc run` need besides the entry points.
-    tokenizer: tokenizer_manifest's record, or None when the checkpoint had none."""
-    n_cache = 2 * config.n_layers
-    return {
+    tokenizer: tokenizer_manifest's record, or None when the checkpoint had none. tensor_parallel: N > 1
+    describes the split module: N cache shards a layer (cache_order), each on its device."""
+    n = tensor_parallel
+    n_cache = 2 * config.n_layers * n
+    if n > 1:
+        tp = {
+            "devices": n,
+            "split": "Megatron: attention heads, KV heads and MLP channels split; o_proj and down_proj all-reduced; "
+                     "embedding and LM head split by vocabulary; norms on every device",
+            "heads_per_device": config.n_heads // n,
+            "kv_heads_per_device": config.n_kv_heads // n,
+            "ffn_per_device": config.ffn_dim // n,
+            "vocab_per_device": -(-config.vocab_size // n),
+            "cache_devices": [d for _, d, _ in tensor_parallel_llama.cache_order(config.n_layers, n)],
+        }
+        layout = "per layer, per device: [k(l0,d0), v(l0,d0), k(l0,d1), v(l0,d1), ..., k(l1,d0), ...]"
+    else:
+        tp, layout = None, "per-layer K and V: [k0, v0, k1, v1, ...]"
+    out = {
         "family": "llama",
         "config": config.as_dict(),
         "max_seq_len": max_seq_len,
         "cache": {
-            "layout": "per-layer K and V: [k0, v0, k1, v1, ...]",
+            "layout": layout,
             "count": n_cache,
-            "shape": [1, config.n_kv_heads, max_seq_len, config.head_dim],
+            "shape": [1, config.n_kv_heads // n, max_seq_len, config.head_dim],
             "dtype": dtypes.COMPUTE_DTYPES[dtype],
             "tied": True,
         },
@@ -263,3 +322,6 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
         "decode": {"function": "decode", "cache_args_start": 2},
         "tokenizer": tokenizer,
     }
+    if tp is not None:
+        out["tensor_parallel"] = tp
+    return out

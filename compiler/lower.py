@@ -68,6 +68,7 @@ class CompileOptions:
     # PT2E int8 programs: "integer" (IREE's i8 x i8 -> i32 contractions where the arch can) or "float"
     # (Q/DQ written out as f32 math everywhere: passes/qdq_float.py)
     int8_math: str = "integer"
+    tensor_parallel: int = 1  # Llama checkpoints: devices to split the model over (compiler/llm.py)
 
     def resolve(self) -> targets.ResolvedTarget:
         if self.int8_math not in ("integer", "float"):
@@ -83,7 +84,10 @@ class CompileOptions:
                              f"{' or '.join(QUANTIZED_DTYPES)} only (compiling {self.dtype})")
         if embeddings is None:
             embeddings = EMBEDDINGS_BY_DEFAULT.get(self.dtype, False)
-        r = targets.resolve(self.target, self.arch, self.dtype, extra_flags=tuple(self.extra_iree_flags), cpu_dispatch=self.cpu_dispatch)
+        if not isinstance(self.tensor_parallel, int) or self.tensor_parallel < 1:
+            raise UsageError(f"--tensor-parallel={self.tensor_parallel!r}: give a device count of 1 or more")
+        r = targets.resolve(self.target, self.arch, self.dtype, extra_flags=tuple(self.extra_iree_flags), cpu_dispatch=self.cpu_dispatch,
+                            devices=self.tensor_parallel)
         # The pass options each dtype's pass reads (passes/_quantized_weights.py: the codec's prefix).
         if self.dtype == "fp8":
             opts = {"fp8_exclude": exclude, "fp8_scales": self.fp8_scales, "fp8_embeddings": embeddings}
@@ -113,6 +117,10 @@ class Entry:
     function: str
     tied: dict[int, int] | None = None  # result index -> argument index (iree.abi.tied)
     logits_output: int | None = None  # the output child that holds logits (for diff's checks)
+    # A multi-device module (--tensor-parallel): the device of each argument / result given by index;
+    # the others are device 0's (importer.DevicePlan)
+    arg_devices: dict[int, int] | None = None
+    result_devices: dict[int, int] | None = None
 
 
 @dataclasses.dataclass
@@ -182,11 +190,14 @@ def lower_module(
     phases: Phases | None = None,
     graph_passes: bool = True,
     plan: pipeline.Plan | None = None,
+    param_device=None,
 ) -> Lowered:
     """Graph passes, import and IR passes: the MLIR text iree-compile gets, and its parameters.
 
     graph_passes=False: the programs already went through them (bisect lowers sub-programs of a
     program it decomposed once). plan: the pass plan, when the caller already ran its source passes.
+    param_device: on several devices (target.devices > 1), name -> the device a parameter is pinned to
+    (or None: IREE places it by its uses).
     Raises llmc.errors.CompileError (torch-mlir import) or PassError (a pass refused or failed).
     """
     phases = phases or Phases(quiet=True)
@@ -208,8 +219,12 @@ def lower_module(
             sig["outputs"]["children"][e.logits_output]["role"] = "logits"
         signatures[e.function] = sig
     tied = {e.function: e.tied for e in entries if e.tied}
+    devices = None
+    if target.devices > 1:
+        devices = importer.DevicePlan(target.devices, {e.function: e.arg_devices or {} for e in entries},
+                                      {e.function: e.result_devices or {} for e in entries}, param_device)
     with phases.phase("import"):
-        module, store, mutable = importer.import_programs([(p, e.function) for p, e in zip(programs, entries)], tied or None)
+        module, store, mutable = importer.import_programs([(p, e.function) for p, e in zip(programs, entries)], tied or None, devices)
     plan.ctx.params = store
     with phases.phase("ir passes"):
         pipeline.run_ir(plan, module, dump)
@@ -418,6 +433,8 @@ def _manifest(lowered: Lowered, source: dict, run, irpa_sha: str | None, out_irp
         "extra_iree_flags": list(target.extra_flags),
         "pass_options": {k: list(v) if isinstance(v, tuple) else v for k, v in target.pass_options},
     }
+    if target.devices > 1:
+        t["devices"] = target.devices  # @__device_0..N-1: the runtime opens N devices (runtime/module.py)
     if caps.backend == "llvm-cpu":
         t["machine"] = platform.machine()
         # What a machine needs to run the module: the (last, fallback) CPU's features.

@@ -386,6 +386,9 @@ class ResolvedTarget:
     # Several CPUs: "modules" (one .vmfb per CPU, sharing the .irpa; llmc.load picks one) or "variants"
     # (one .vmfb with an executable variant per CPU; IREE picks at load). See compiler/cpu_variants.py.
     cpu_dispatch: str = "modules"
+    # --tensor-parallel N: the module runs on N devices of this kind, IREE's @__device_0..N-1 (declared
+    # by N --iree-hal-target-device=KIND[i] flags; docs/tensor-parallel.md)
+    devices: int = 1
 
     @property
     def name(self) -> str:
@@ -405,7 +408,8 @@ class ResolvedTarget:
         """iree-compile's flags; with one module per CPU, those of the main module (the last CPU's)."""
         if self.cpu_modules:
             return self.for_cpu(self.cpus[-1]).iree_flags
-        return (*_flags(self.caps, self.arch, self.dtype, self.compute_dtype, self.dynamic), *self.extra_flags)
+        flags = _flags(self.caps, self.arch, self.dtype, self.compute_dtype, self.dynamic)
+        return (*_on_devices(flags, self.devices), *self.extra_flags)
 
     @property
     def cpu_modules(self) -> bool:
@@ -442,6 +446,7 @@ def resolve(
     extra_flags: tuple[str, ...] = (),
     allow_planned: bool = False,
     cpu_dispatch: str = "modules",
+    devices: int = 1,
 ) -> ResolvedTarget:
     """Validate target/arch/dtype (and extra IREE flags). Raises UnsupportedTargetError.
 
@@ -498,7 +503,18 @@ def resolve(
             f"--dtype={dtype} --target={target} --arch={arch}: the device has no 8-bit storage buffers, and IREE cannot "
             f"load 8-bit weights there; use --dtype=f16 or f32 for it"
         )
-    return ResolvedTarget(caps, arch, dtype, dynamic, tuple(extra_flags), cpu_dispatch=cpu_dispatch)
+    r = ResolvedTarget(caps, arch, dtype, dynamic, tuple(extra_flags), cpu_dispatch=cpu_dispatch, devices=devices)
+    if devices > 1 and (r.module_target or len(r.cpus) > 1):
+        # IREE 3.13 resolves `#hal.device.promise<@__device_i>` only against devices its flags declare;
+        # with the devices written into the module (hal.device.targets) iree-compile crashes in
+        # DeviceAnalysis::gatherDeviceTargets (SIGSEGV, GlobalOpInterface::getGlobalInitialValue).
+        what = f"--arch={arch} (several CPUs)" if len(r.cpus) > 1 else f"--target={target} --arch={arch}"
+        raise UnsupportedTargetError(
+            f"--tensor-parallel={devices} with {what}: IREE 3.13 takes several devices only for an arch its own flags "
+            f"name, and this one is written into the module; use one CPU (--arch host or a CPU name) on cpu, "
+            f"an arch such as sm_89 or sm_80 on cuda, or hip"
+        )
+    return r
 
 
 # fp8 weights (and bf16 ones stored as bits) stay narrow in device memory. IREE hoists any
@@ -514,6 +530,21 @@ _NARROW_FLAGS = ["--iree-opt-const-expr-max-size-increase-threshold=0"]
 # init) only with aggressive fusion, and without the fusion each call writes the decoded f32 weight
 # to memory first.
 _NARROW_CPU_FLAGS = ["--iree-dispatch-creation-enable-aggressive-fusion=true"]
+
+
+_DEVICE_FLAG = "--iree-hal-target-device="
+
+
+def _on_devices(flags: list[str], n: int) -> list[str]:
+    """The flags for n devices of the one device kind they name: `--iree-hal-target-device=KIND[i]` for
+    i < n, which IREE declares as @__device_0..n-1 (what `#hal.device.promise<@__device_i>` in the
+    program refers to). One device: the flags as they are."""
+    if n == 1:
+        return list(flags)
+    out = []
+    for f in flags:
+        out += [f"{f}[{i}]" for i in range(n)] if f.startswith(_DEVICE_FLAG) else [f]
+    return out
 
 
 def _flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:

@@ -149,3 +149,27 @@ def open_device(manifest: dict, requested: str | None, vmfb, *, fresh: bool = Fa
         raise RuntimeLoadError(
             f"device {name!r}: IREE could not create it ({first_line(e)}); usable here: {', '.join(usable_devices())}"
         ) from e
+
+
+def more_devices(manifest: dict, config, vmfb) -> list:
+    """The devices a module split over N devices (--tensor-parallel, the manifest's target.devices) runs
+    on, in IREE's @__device_0..N-1 order: config's device first, then N - 1 more of the same driver.
+
+    local-task: new devices of the driver (each with its own workers; `rt.get_device` would hand back
+    the cached one). A GPU driver: the machine's next devices, in the driver's order."""
+    import iree.runtime as rt
+
+    n = int(manifest.get("target", {}).get("devices", 1))
+    if n == 1:
+        return [config.device]
+    name, driver, _ = resolve_name(manifest, None, vmfb)
+    if driver.startswith("local"):
+        return [config.device] + [rt.get_driver(driver).create_default_device() for _ in range(n - 1)]
+    listed = _listed_devices(driver)
+    if len(listed) < n:
+        raise RuntimeLoadError(
+            f"{vmfb}: split over {n} devices (--tensor-parallel {n}); this machine has {len(listed)} {driver} device(s); "
+            f"recompile with --tensor-parallel {max(len(listed), 1)} or run it where {n} are"
+        )
+    d = rt.get_driver(driver)
+    return [config.device] + [d.create_device(listed[i]["device_id"]) for i in range(1, n)]

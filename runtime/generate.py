@@ -141,12 +141,14 @@ class Generator:
                 "or recompile with a larger --max-seq-len"
             )
 
-    def _new_cache(self, device):
+    def _new_cache(self, devices: list):
+        """Zeroed KV cache tensors, each on its device (a split module's shards: llm.tensor_parallel)."""
         import iree.runtime as rt
 
         spec = self.llm["cache"]
         zeros = np.zeros(spec["shape"], dtype=dtypes.by_name(spec["dtype"]).numpy)
-        return [rt.asdevicearray(device, zeros) for _ in range(spec["count"])]
+        on = (self.llm.get("tensor_parallel") or {}).get("cache_devices") or [0] * spec["count"]
+        return [rt.asdevicearray(devices[d], zeros) for d in on]
 
     def generate(
         self,
@@ -178,10 +180,10 @@ class Generator:
             return tokens
         prefill = self.module.entry_points[self.llm["prefill"]["function"]].call_raw
         decode = self.module.entry_points[self.llm["decode"]["function"]].call_raw
-        device = self.module._device
+        devices = self.module.devices
         rng = np.random.default_rng(seed) if temperature > 0 else None
         eos = set(self.config.get("eos_ids") or ()) if stop_at_eos else set()
-        cache = self._new_cache(device)
+        cache = self._new_cache(devices)
 
         start = time.perf_counter()
         in_callback = 0.0  # the caller's on_token time, left out of prefill and decode

@@ -23,7 +23,7 @@ import numpy as np
 
 from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
 from llmc import dtypes
-from llmc.runtime.device import first_line, is_device_lost
+from llmc.runtime.device import first_line, is_device_lost, more_devices
 
 log = logging.getLogger("llmc.runtime")
 _CPU_DATA_READY = False  # IREE's process-wide CPU data is filled in (Module._warm_cpu_data)
@@ -392,9 +392,15 @@ class Module:
             index = rt.ParameterIndex()
             index.load(str(self.params))
             modules.append(rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope=PARAM_SCOPE)))
-        modules.append(rt.create_hal_module(config.vm_instance, config.device))
+        devices = more_devices(self.manifest, config, self.vmfb)
+        if len(devices) > 1:
+            modules.append(rt.create_hal_module(config.vm_instance, devices=devices))
+        else:
+            modules.append(rt.create_hal_module(config.vm_instance, config.device))
         modules.append(rt.VmModule.mmap(config.vm_instance, str(self._module_file)))
-        return _Loaded.create(config, modules)
+        loaded = _Loaded.create(config, modules)
+        loaded.devices = devices
+        return loaded
 
     def _unflatten(self, structure: dict, values: list):
         # Host copies (device memory is not ours to keep). A module-level builder, not a recursive
@@ -423,6 +429,12 @@ class Module:
     @property
     def _device(self):
         return self._ensure_loaded().config.device
+
+    @property
+    def devices(self) -> list:
+        """The IREE devices the module runs on, in its @__device_0..N-1 order (one unless it was
+        compiled with --tensor-parallel N)."""
+        return list(self._ensure_loaded().devices)
 
     def generate(self, prompt_ids, max_new_tokens: int = 32, **options) -> list[int]:
         """Generate `max_new_tokens` token ids after `prompt_ids` (a language-model module only).
@@ -530,6 +542,7 @@ class _Loaded:
         self.context = context  # iree.runtime.VmContext with [io_parameters,] hal, main
         self.main = main  # the main VmModule
         self.functions: dict = {}  # name -> iree.runtime.FunctionInvoker
+        self.devices: list = [config.device] if config is not None else []  # @__device_0..N-1 (N > 1: --tensor-parallel)
 
     @classmethod
     def create(cls, config, modules: list) -> "_Loaded":
@@ -541,6 +554,7 @@ class _Loaded:
     def release(self) -> None:
         """Drop IREE's objects users first: invokers, then the context, its modules, the device."""
         self.functions.clear()
+        self.devices = []
         self.context = None
         self.main = None
         self.config = None

@@ -80,6 +80,7 @@ COMPILE_BAD_FLAGS = [
     ("int8-unknown-gpu-arch", ["--dtype", "int8", "--target", "cuda", "--arch", "sm_100"], ["--arch", "sm_100"]),
     ("config-not-llama", ["--config", "tiny"], ["--config", "Llama weights files"]),
     ("max-seq-len-not-llama", ["--max-seq-len", "64"], ["--max-seq-len", "Llama checkpoints"]),
+    ("tensor-parallel-not-llama", ["--tensor-parallel", "2"], ["--tensor-parallel", "Llama checkpoints"]),
 ]
 
 
