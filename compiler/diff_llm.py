@@ -86,7 +86,7 @@ def run(o, overrides: dict):
         compute = next(k for k, v in dtypes.COMPUTE_DTYPES.items() if v == manifest["llm"]["cache"]["dtype"])
         with torch.no_grad():
             ref = LlamaPrefill(llama)(prompt, *new_cache(cfg, max_len, tdt))
-        got = mod.prefill(prompt, *new_cache(cfg, max_len, cache_tdt))
+        got = mod.prefill(prompt, *module_cache(manifest))
         results.append(diff_metrics.compare("prefill.logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
         got_logits, fed = [got[0]], []  # kept for the fp8 second reference (same_weights below)
         ref_cache, got_cache = ref[1:], got[1:]
@@ -110,6 +110,9 @@ def run(o, overrides: dict):
             ref_cache, got_cache = ref[1:], got[1:]
         seconds = time.perf_counter() - start
         located = {}
+        if (o.per_layer or o.per_layer_depth is not None) and manifest["llm"].get("tensor_parallel"):
+            raise UsageError(f"--per-layer: {vmfb} is split over {manifest['llm']['tensor_parallel']['devices']} devices; "
+                             "localise with its --tensor-parallel 1 build")
         if o.per_layer or o.per_layer_depth is not None:
             from llmc.compiler import per_layer
 
@@ -158,6 +161,13 @@ def run(o, overrides: dict):
     return report.DiffOutcome(rep["passed"], rep, lines)
 
 
+def module_cache(manifest: dict) -> list[torch.Tensor]:
+    """A zeroed KV cache as the module takes it (the manifest's count, shape and dtype: a module split
+    over devices takes each layer's cache in shards)."""
+    spec = manifest["llm"]["cache"]
+    return [torch.zeros(spec["shape"], dtype=dtypes.by_name(spec["dtype"]).torch) for _ in range(spec["count"])]
+
+
 def _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_len, tdt, top_k):
     """fp8/int8: eager again on the same inputs, each quantized weight replaced by decode(q) * s (changes
     `llama` in place: run after everything else that needs the original weights). What remains
@@ -167,7 +177,15 @@ def _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_l
     from llmc.models.llama.model import LlamaDecode, LlamaPrefill, new_cache
 
     start = time.perf_counter()
-    n = same_quantized_weights(llama, mod.params, manifest)
+    split = manifest["llm"].get("tensor_parallel")
+    if split:
+        # A split module quantized each device's part on its own (a column shard's scales span only its
+        # columns): the same shards over llama's weights, as views, make the same values in place.
+        from llmc.models.llama.tensor_parallel import TensorParallelLlama
+
+        n = same_quantized_weights(TensorParallelLlama(llama, split["devices"]), mod.params, manifest)
+    else:
+        n = same_quantized_weights(llama, mod.params, manifest)
     profile = manifest["compute_dtype"]
     tol = diff_metrics.TOLERANCES[profile]
     with torch.no_grad():

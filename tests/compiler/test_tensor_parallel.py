@@ -35,13 +35,18 @@ def eager_greedy(model, prompt, n):
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return init_random(CONFIGS["tiny"], seed=0)
+def checkpoint(tmp_path_factory):
+    return write_checkpoint("tiny", "hf", tmp_path_factory.mktemp("ckpt") / "tiny", "f32", 0)
 
 
 @pytest.fixture(scope="module")
-def tp2_f32(tiny, tmp_path_factory):
-    return llmc.compile(tiny, output=tmp_path_factory.mktemp("tp2") / "tiny.vmfb", max_seq_len=MAX, tensor_parallel=2)
+def tiny(checkpoint):
+    return llm.load_llama(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def tp2_f32(checkpoint, tmp_path_factory):
+    return llmc.compile(checkpoint, output=tmp_path_factory.mktemp("tp2") / "tiny.vmfb", max_seq_len=MAX, tensor_parallel=2)
 
 
 def test_two_devices_generate_the_unsplit_models_16_tokens(tiny, tp2_f32):
@@ -98,11 +103,11 @@ def test_each_cache_shard_is_an_argument_on_its_device(tp2_stream):
     assert "-> (!hal.buffer_view, %arg2, %arg3, %arg4, %arg5, %arg6, %arg7, %arg8, %arg9)" in stream
 
 
-def test_bf16_two_devices_first_8_tokens_equal_the_unsplit_math(tiny, tmp_path):
+def test_bf16_two_devices_first_8_tokens_equal_the_unsplit_math(checkpoint, tmp_path):
     """cpu bf16 (bf16 weights, f32 math): the first 8 greedy tokens equal eager f32 on the
     bf16-rounded weights of the unsplit model."""
-    art = llmc.compile(tiny, dtype="bf16", output=tmp_path / "tiny.vmfb", max_seq_len=MAX, tensor_parallel=2)
-    rounded = init_random(CONFIGS["tiny"], seed=0)
+    art = llmc.compile(checkpoint, dtype="bf16", output=tmp_path / "tiny.vmfb", max_seq_len=MAX, tensor_parallel=2)
+    rounded = llm.load_llama(checkpoint)
     with torch.no_grad():
         for p in rounded.parameters():
             p.copy_(p.to(torch.bfloat16).float())
@@ -118,9 +123,23 @@ def test_hip_eight_devices_compile_one_binary_created_on_each(tmp_path):
     assert placement.executables_created(art.vmfb) == 8
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_checkpoint("tiny", "hf", tmp_path_factory.mktemp("ckpt") / "tiny", "f32", 0)
+def test_llmc_diff_checks_a_split_module_against_the_checkpoint(checkpoint, tp2_f32):
+    proc = llmc_in_process("diff", checkpoint, tp2_f32.vmfb)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "greedy tokens: 8 of 8" in proc.stdout and "PASS" in proc.stdout.splitlines()[-1]
+    refused = llmc_in_process("diff", checkpoint, tp2_f32.vmfb, "--per-layer")
+    assert refused.returncode == 2 and "split over 2 devices" in refused.stderr, refused.stderr
+
+
+def test_fp8_split_module_matches_eager_on_each_devices_own_quantized_weights(checkpoint, tmp_path):
+    """fp8 quantizes each device's part on its own (a column shard's scales span only its columns);
+    llmc diff's same-weights reference rebuilds exactly those values, and the module matches it."""
+    art = llmc.compile(checkpoint, dtype="fp8", output=tmp_path / "tiny.vmfb", max_seq_len=MAX, tensor_parallel=2)
+    proc = llmc_in_process("diff", checkpoint, art.vmfb)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    quantized = 2 * (7 * CONFIGS["tiny"].n_layers + 1)  # per device: 7 linears a layer and its LM head slice
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("vs eager with the same fp8 weights"))
+    assert f"({quantized} dequantized in PyTorch, profile f32): PASS" in line, line
 
 
 @pytest.mark.parametrize("flags, names", [
