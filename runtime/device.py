@@ -164,6 +164,14 @@ def more_devices(manifest: dict, config, vmfb) -> list:
         return [config.device]
     name, driver, _ = resolve_name(manifest, None, vmfb)
     if driver.startswith("local"):
+        import os
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if n > cores:
+            raise RuntimeLoadError(
+                f"{vmfb}: split over {n} devices (--tensor-parallel {n}), each a local-task device with workers of its own; "
+                f"this process may use {cores} CPU core(s); recompile with --tensor-parallel {cores} or fewer"
+            )
         return [config.device] + [rt.get_driver(driver).create_default_device() for _ in range(n - 1)]
     listed = _listed_devices(driver)
     if len(listed) < n:
