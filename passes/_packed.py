@@ -1,18 +1,21 @@
 """The cpu layout of narrow linear weights (fp8 codes, bf16 bits) and the graph that reads it.
 
 Shared by `fp8-weights` and `bf16-weights` on llvm-cpu. A linear weight [N, K] stored narrower than
-it is computed is kept as P[ceil(N/8), K, 8] (P[b, k, j] = w[8b + j, k]; N padded with zero rows to
-a multiple of 8), and its uses become:
+it is computed is kept as P[ceil(N/G), K, G] (P[b, k, j] = w[G*b + j, k]; N padded with zero rows to
+a multiple of G), G output channels per group: 8 by default (fp8, int8), 16 for bf16. Its uses become:
 
 - `x @ w.T` with one row of x (every linear of a decode step, prefill's LM head):
-      (x.view(1, K/4, 4, 1) * dec(P).view(N/8, K/4, 4, 8)).sum(1).sum(1).view(1, N)[:, :N] * s.T
+      (x.view(1, K/4, 4, 1) * dec(P).view(N/G, K/4, 4, G)).sum(1).sum(1).view(1, N)[:, :N] * s.T
   (+ bias for addmm; K % 4 != 0 keeps one partial sum per channel). IREE vectorizes that reduction
-  along the 8 contiguous output channels of each K step, reading each weight once in its narrow
-  form, with no transpose (the [N, K] form costs an 8x8 shuffle per 64 weights). Splitting K into
+  along the G contiguous output channels of each K step, reading each weight once in its narrow
+  form, with no transpose (the [N, K] form costs an 8x8 shuffle per 64 weights). That loop is bound
+  by how far its loads run ahead of its arithmetic (instructions per byte read), not by the
+  arithmetic: G = 16 shares each broadcast of x between two vectors (bf16 decode 5-8% faster than
+  G = 8; docs/targets.md, "bf16 on cpu"). Splitting K into
   (K/4, 4) leaves 4 independent partial sums per channel: with one, every K step's multiply-add
   waited for the previous one (latency-bound: 1.3x llmc f32 on a 4096x4096 fp8 matvec; 3.2x with 4).
 - an embedding (a table tied to the output head): each row's codes are gathered from the packed
-  layout (the row's group of 8 rows, then every 8th byte) and only those are decoded.
+  layout (the row's group of G rows, then every G-th code) and only those are decoded.
 - every other use (multi-row products): the whole weight decoded and unpacked to [N, K] ahead of
   the first op. IREE packs that for its data-tiled matmul per call; a decode fused into a data-tiled
   matmul itself put a whole f32 K panel on the stack ("exceeded stack allocation limit").
@@ -31,29 +34,29 @@ from llmc.passes._base import fill_fake_values
 
 _aten = torch.ops.aten
 
-PACK = 8  # output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
+PACK = 8  # default output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
 KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
 
 
-def padded(n: int) -> int:
-    return -(-n // PACK) * PACK
+def padded(n: int, group: int = PACK) -> int:
+    return -(-n // group) * group
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [ceil(N/8), K, 8], N padded with zeros."""
+def pack(w: torch.Tensor, group: int = PACK) -> torch.Tensor:
+    """[N, K] -> [ceil(N/group), K, group], N padded with zeros."""
     n, k = w.shape
-    if n % PACK:
-        w = torch.cat([w, w.new_zeros(padded(n) - n, k)])
-    return w.reshape(-1, PACK, k).permute(0, 2, 1).contiguous()
+    if n % group:
+        w = torch.cat([w, w.new_zeros(padded(n, group) - n, k)])
+    return w.reshape(-1, group, k).permute(0, 2, 1).contiguous()
 
 
 def unpack(p: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of `pack` for an [n, K] weight."""
+    """The inverse of `pack` for an [n, K] weight (any group)."""
     return p.permute(0, 2, 1).reshape(-1, p.shape[1])[:n]
 
 
 def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *, scale=None, per_row: bool = True,
-                 rows_dec: Callable | None = None) -> int:
+                 rows_dec: Callable | None = None, group: int = PACK) -> int:
     """Rewrite every use of the packed weight `node` (originally [N, K] = `shape`) as described above.
 
     dec(graph, codes_node) -> f32 node: the decode of stored codes, emitted at the insertion point.
@@ -62,11 +65,12 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
     rows_dec(graph, codes_node, ids_node) -> node: an embedding's value from its gathered codes
         ([*ids, K]) and its ids; default dec(codes) (times the rows' scales).
     outputs: the program's output specs (an output found by node name is renamed with its node).
+    group: output channels per packed group, as `pack(w, group)` stored it.
     Returns the number of one-row products.
     """
     call = graph.call_function
     n, k = shape
-    npad = padded(n)
+    npad = padded(n, group)
     rows = 0
     decoders = set()  # the decode chains' own reads of the codes
 
@@ -83,7 +87,7 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
             continue
         with graph.inserting_before(product):
             lanes = KSPLIT if k % KSPLIT == 0 else 1
-            w = call(_aten.view.default, (decode(), [npad // PACK, k // lanes, lanes, PACK]))
+            w = call(_aten.view.default, (decode(), [npad // group, k // lanes, lanes, group]))
             prod = call(_aten.mul.Tensor, (call(_aten.view.default, (x, [1, k // lanes, lanes, 1])), w))
             y = call(_aten.sum.dim_IntList, (call(_aten.sum.dim_IntList, (prod, [1])), [1]))
             y = call(_aten.view.default, (y, [1, npad]))
@@ -100,17 +104,17 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
             graph.erase_node(dead)
     for user in [u for u in node.users if u.target == _aten.embedding.default and u.args[0] is node]:
         with graph.inserting_before(user):
-            # Row r's codes are P[r // 8, :, r % 8]: gather the whole group of 8 rows as one table
-            # row of K * 8 codes, then every 8th one from r % 8. (A two-index aten.index.Tensor on
+            # Row r's codes are P[r // G, :, r % G]: gather the whole group of G rows as one table
+            # row of K * G codes, then every G-th one from r % G. (A two-index aten.index.Tensor on
             # [N/8, 8, K] fails in torch-mlir: "failed to legalize operation
             # 'torch.aten.index.Tensor_hacked_twin'".)
             ids = user.args[1]
-            groups = call(_aten.view.default, (node, [npad // PACK, k * PACK]))
+            groups = call(_aten.view.default, (node, [npad // group, k * group]))
             decoders.add(groups)
-            group = call(_aten.div.Scalar_mode, (ids, PACK), {"rounding_mode": "floor"})
-            lane = call(_aten.remainder.Scalar, (ids, PACK))
-            rows8 = call(_aten.embedding.default, (groups, group))  # [*ids, K * 8]
-            steps = call(_aten.arange.start_step, (0, k * PACK, PACK), {"dtype": torch.int64})
+            row_group = call(_aten.div.Scalar_mode, (ids, group), {"rounding_mode": "floor"})
+            lane = call(_aten.remainder.Scalar, (ids, group))
+            rows8 = call(_aten.embedding.default, (groups, row_group))  # [*ids, K * group]
+            steps = call(_aten.arange.start_step, (0, k * group, group), {"dtype": torch.int64})
             where = call(_aten.add.Tensor, (call(_aten.unsqueeze.default, (lane, -1)), steps))  # [*ids, K]
             codes = call(_aten.gather.default, (rows8, -1, where))
             value = rows_dec(graph, codes, ids) if rows_dec is not None else dec(graph, codes)
@@ -127,7 +131,7 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
                 s = scale
                 if per_row and npad != n:
                     s = call(_aten.constant_pad_nd.default, (s, [0, 0, 0, npad - n]))
-                full = call(_aten.mul.Tensor, (full, call(_aten.view.default, (s, [npad // PACK, 1, PACK] if per_row else [1, 1, 1]))))
+                full = call(_aten.mul.Tensor, (full, call(_aten.view.default, (s, [npad // group, 1, group] if per_row else [1, 1, 1]))))
             full = call(_aten.permute.default, (full, [0, 2, 1]))
             full = call(_aten.view.default, (call(_aten.clone.default, (full,), {"memory_format": torch.contiguous_format}), [npad, k]))
             if npad != n:

@@ -10,7 +10,7 @@ Produces: the weight rounded to bf16 (round-to-nearest-even, as `tensor.to(torch
           weight; where it is used,
               w = view_as_f32(int32(w_bits) << 16)
           an exact bf16 -> f32 widening made of integer ops. Everything after that is f32. On cpu a
-          2-D weight a matrix product reads is stored packed, [ceil(N/8), K, 8], and its uses are
+          2-D weight a matrix product reads is stored packed, [ceil(N/16), K, 16], and its uses are
           rewritten by passes/_packed.py (a decode step's linear reads each weight once, 2 bytes, in
           a reduction with 4 partial sums per channel; multi-row products widen and unpack it once
           per call into the f32 data-tiled matmul); an embedding table gathers its rows' bits first
@@ -40,6 +40,10 @@ from llmc.passes import _packed
 from llmc.passes._base import GraphPass, Requires, once_per_tensor, register_pass, tensor_key, written_in_place
 
 _aten = torch.ops.aten
+# Output channels per packed group on cpu (passes/_packed.py; fp8/int8 keep its default, 8): two f32
+# vectors per K step share one broadcast of x, so the decode loop issues fewer instructions per byte
+# and its loads run further ahead (small Llama decode 5-8% faster than 8, docs/targets.md).
+PACK = 16
 
 
 def widen_bf16_bits(bits: torch.Tensor) -> torch.Tensor:
@@ -85,7 +89,7 @@ class Bf16WeightsPass(GraphPass):
             table[name] = torch.nn.Parameter(bits, requires_grad=False) if spec.kind == InputKind.PARAMETER else bits
             if packed:
                 fake = node.meta.get("val")
-                rows = _packed.rewrite_uses(graph, node, tuple(tensor.shape), _emit_widen, sig.output_specs)
+                rows = _packed.rewrite_uses(graph, node, tuple(tensor.shape), _emit_widen, sig.output_specs, group=PACK)
                 _packed.propagate_fake(graph, node, None, fake, bits, None)
                 self.stats.rewrite("packed" + (f", {rows} one-row product(s) as a reduction" if rows else ""))
             else:
@@ -100,7 +104,7 @@ class Bf16WeightsPass(GraphPass):
         source tensor (_base.once_per_tensor), so every entry point stores the same thing."""
         def make(t):
             bits = t.to(torch.bfloat16).view(torch.int16)
-            return self.ctx.keep(t, _packed.pack(bits) if packed else bits)
+            return self.ctx.keep(t, _packed.pack(bits, PACK) if packed else bits)
 
         # One cache per form: a tensor stored packed for one program and plain for another gets both.
         return once_per_tensor(self.__dict__.setdefault(f"_converted_{'packed' if packed else 'plain'}", {}), tensor, make)

@@ -4,7 +4,7 @@
 # RUN: llmc-opt %t.row.pt2 --pipeline --target cpu --dtype bf16 --stats 2> %t.row.stats | filecheck %s --check-prefix=ROW
 # RUN: filecheck %s --check-prefix=ROWSTATS < %t.row.stats
 # bf16 on cpu: f32 math, bf16 weights stored as their int16 bits. A linear weight [N, K] is stored
-# packed, [ceil(N/8), K, 8] (N = 12 padded to 16 with zero rows): with two input rows it is widened
+# packed, [ceil(N/16), K, 16] (N = 12 padded to 16 with zero rows; bf16's group is 16 channels): with two input rows it is widened
 # (int32 << 16, read as f32) and unpacked to [N, K] for the f32 matmul; with one row (a decode step)
 # the product is an elementwise multiply and a sum over K of the widened packed weight, K split
 # (K/4, 4) into four partial sums, then the padding rows are sliced off. The embedding table gathers
@@ -28,13 +28,13 @@ class M(torch.nn.Module):
 torch.export.save(torch.export.export(M(), (torch.tensor([1, 2]),)), sys.argv[1])
 torch.export.save(torch.export.export(M(), (torch.tensor([3]),)), sys.argv[2])
 
-# CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"lin.weight"> : tensor<2x16x8xi16>
+# CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"lin.weight"> : tensor<1x16x16xi16>
 # CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"lin.bias"> : tensor<12xi16>
 # CHECK-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"emb.weight"> : tensor<10x16xi16>
 # CHECK-LABEL: func.func @main
-# CHECK:       torch.aten.__lshift__.Scalar {{.*}} -> !torch.vtensor<[2,16,8],si32>
-# CHECK:       call @__llmc_bitcast_2x16x8_i32_f32({{.*}}) : (tensor<2x16x8xi32>) -> tensor<2x16x8xf32>
-# CHECK:       torch.aten.permute {{.*}} !torch.vtensor<[2,16,8],f32>, !torch.list<int> -> !torch.vtensor<[2,8,16],f32>
+# CHECK:       torch.aten.__lshift__.Scalar {{.*}} -> !torch.vtensor<[1,16,16],si32>
+# CHECK:       call @__llmc_bitcast_1x16x16_i32_f32({{.*}}) : (tensor<1x16x16xi32>) -> tensor<1x16x16xf32>
+# CHECK:       torch.aten.permute {{.*}} !torch.vtensor<[1,16,16],f32>, !torch.list<int> -> !torch.vtensor<[1,16,16],f32>
 # CHECK:       torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[12,16],f32>
 # CHECK:       torch.aten.embedding {{.*}} -> !torch.vtensor<[2,16],si16>
 # CHECK:       torch.aten.__lshift__.Scalar {{.*}} -> !torch.vtensor<[2,16],si32>
@@ -47,11 +47,11 @@ torch.export.save(torch.export.export(M(), (torch.tensor([3]),)), sys.argv[2])
 
 # ROW-LABEL:   func.func @main
 # ROW-NOT:     torch.aten.mm
-# ROW:         call @__llmc_bitcast_2x16x8_i32_f32
-# ROW:         torch.aten.view {{.*}} -> !torch.vtensor<[2,4,4,8],f32>
-# ROW:         torch.aten.mul.Tensor {{.*}} : !torch.vtensor<[1,4,4,1],f32>, !torch.vtensor<[2,4,4,8],f32> -> !torch.vtensor<[2,4,4,8],f32>
-# ROW:         torch.aten.sum.dim_IntList {{.*}} -> !torch.vtensor<[2,4,8],f32>
-# ROW:         torch.aten.sum.dim_IntList {{.*}} -> !torch.vtensor<[2,8],f32>
+# ROW:         call @__llmc_bitcast_1x16x16_i32_f32
+# ROW:         torch.aten.view {{.*}} -> !torch.vtensor<[1,4,4,16],f32>
+# ROW:         torch.aten.mul.Tensor {{.*}} : !torch.vtensor<[1,4,4,1],f32>, !torch.vtensor<[1,4,4,16],f32> -> !torch.vtensor<[1,4,4,16],f32>
+# ROW:         torch.aten.sum.dim_IntList {{.*}} -> !torch.vtensor<[1,4,16],f32>
+# ROW:         torch.aten.sum.dim_IntList {{.*}} -> !torch.vtensor<[1,16],f32>
 # ROW:         torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[1,12],f32>
 # ROW-NOT:     torch.aten.mm
 # ROW:         return

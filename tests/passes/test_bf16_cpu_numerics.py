@@ -111,3 +111,36 @@ def test_vulkan_bf16_llama_from_bf16_weights_compiles(tmp_path):
     art = llmc.compile(init_random(get_config("tiny"), seed=2, dtype=torch.bfloat16), target="vulkan", dtype="bf16",
                        output=tmp_path / "v.vmfb", max_seq_len=32, quiet=True)
     assert art.read_manifest()["compute_dtype"] == "f32" and art.vmfb.stat().st_size > 0
+
+
+class _TiedHead(torch.nn.Module):
+    """An embedding table tied to the output head, with a row count (50) that is not a multiple of the
+    packed group (16 channels): stored once, packed, and the embedding gathers each row's bits from
+    its group (passes/_packed.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 24)
+        self.head = torch.nn.Linear(24, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        e = self.emb(ids)
+        return self.head(e), e
+
+
+@pytest.mark.parametrize("ids", [[49], [0, 17, 33, 48]])
+def test_tied_table_gathers_its_rows_from_the_packed_groups(tmp_path, ids):
+    torch.manual_seed(0)
+    m = _TiedHead().eval()
+    ids = torch.tensor(ids)
+    art = llmc.compile(m, (ids,), dtype="bf16", output=tmp_path / "m.vmfb", quiet=True)
+    stats = {p["name"]: p for p in art.read_manifest()["passes"]}["bf16-weights"]
+    assert sum(v for k, v in stats["forms"].items() if k.startswith("packed")) >= 1
+    got_y, got_e = llmc.load(art)(ids)
+    table = m.emb.weight.detach().to(torch.bfloat16).float()
+    want_e = table[ids]
+    assert torch.equal(got_e.float(), want_e)  # each row's bits, from its group and lane, exactly
+    want_y = want_e @ table.T
+    # one f32 result rounded once to bf16, plus the summation order
+    assert float((got_y.float() - want_y).abs().max()) <= (2**-9 + 1e-5) * float(want_y.abs().max())
