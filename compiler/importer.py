@@ -369,9 +369,7 @@ def _constant_sizes_static(importer) -> None:
     importer._cc = StaticConstants(importer._c, py_attr_tracker=importer._py_attr_tracker)
 
 
-# models/llama/tensor_parallel.py's llmc::transfer and llmc::barrier as torch-mlir imports them, and
-# the IREE op each becomes
-_DEVICE_OPS = {"torch.llmc.transfer": "flow.tensor.transfer", "torch.llmc.barrier": "flow.tensor.barrier"}
+TRANSFER_OPERATOR = "torch.llmc.transfer"  # models/llama/tensor_parallel.py's llmc::transfer, as imported
 
 
 def _lower_transfers(module) -> None:
@@ -382,7 +380,6 @@ def _lower_transfers(module) -> None:
         %t = flow.tensor.transfer %b : tensor<..>{dynamic dims} to #hal.device.promise<@__device_d>
         %y = torch_c.from_builtin_tensor %t
 
-    and `llmc::barrier(x, d)` the same way as `flow.tensor.barrier %b ... on #hal.device.promise<..>`.
 
     The flow op is opaque to torch-mlir (its context allows unregistered dialects) and reaches
     iree-compile as it is; the devices `@__device_0..N-1` are declared by its flags
@@ -393,7 +390,7 @@ def _lower_transfers(module) -> None:
     from llmc.passes._base import builtin_tensor, vtensor_dims
 
     ops = [op for op in _walk(module.operation) if op.name == "torch.operator"
-           and ir.StringAttr(op.attributes["name"]).value in _DEVICE_OPS]
+           and ir.StringAttr(op.attributes["name"]).value == TRANSFER_OPERATOR]
     if not ops:
         return
     with module.context, ir.Location.unknown():
@@ -402,10 +399,9 @@ def _lower_transfers(module) -> None:
         for op in ops:
             x, device = op.operands
             d = ir.IntegerAttr(device.owner.attributes["value"]).value
-            flow_op = _DEVICE_OPS[ir.StringAttr(op.attributes["name"]).value]
             parsed = vtensor_dims(str(x.type))
             if parsed is None:
-                raise CompileError(f"{flow_op} of a non-tensor value ({x.type})")
+                raise CompileError(f"llmc::transfer of a non-tensor value ({x.type})")
             dims, elem = parsed
             elem = elem.lstrip("su") if elem[:2] in ("si", "ui") else elem
             builtin = ir.Type.parse(builtin_tensor(dims, elem))
@@ -418,7 +414,7 @@ def _lower_transfers(module) -> None:
                                                 attributes={"value": ir.IntegerAttr.get(index, i)}).result
                         sizes.append(ir.Operation.create("tensor.dim", results=[index], operands=[b, c]).result)
                 t = ir.Operation.create(
-                    flow_op, results=[builtin], operands=[b, *sizes],
+                    "flow.tensor.transfer", results=[builtin], operands=[b, *sizes],
                     attributes={"target": ir.Attribute.parse(f"#hal.device.promise<@__device_{d}>")},
                 ).result
                 y = ir.Operation.create("torch_c.from_builtin_tensor", results=[op.results[0].type], operands=[t]).result

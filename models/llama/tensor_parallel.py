@@ -1,8 +1,7 @@
 """Tensor-parallel Llama: the Megatron split of one Llama over N devices, written as one program.
 
 The program names the device of every value: a tensor crosses to device d only through
-`transfer(x, d)` (the custom op `llmc::transfer`, a copy in eager PyTorch; `barrier(x, d)` pins a
-value where it is), and each parameter
+`transfer(x, d)` (the custom op `llmc::transfer`, a copy in eager PyTorch), and each parameter
 belongs to the device its name says (`shards.<d>.` ...). The compiler turns `transfer` into IREE's
 `flow.tensor.transfer` (compiler/importer.py) and pins each parameter's global to its device,
 so IREE runs each op on the device of its operands: one module, N devices, the copies between them
@@ -37,7 +36,6 @@ from llmc.models.llama.config import LlamaConfig
 from llmc.models.llama.model import Attention, Llama, RMSNorm
 
 TRANSFER_OP = "llmc::transfer"
-BARRIER_OP = "llmc::barrier"
 SHARD_PREFIX = "shards."  # parameter names `shards.<d>.<the Llama's own name>`: device d's
 
 
@@ -48,20 +46,6 @@ def transfer(x: torch.Tensor, device: int) -> torch.Tensor:
 
 
 @transfer.register_fake
-def _(x, device):
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op(BARRIER_OP, mutates_args=())
-def barrier(x: torch.Tensor, device: int) -> torch.Tensor:
-    """`x`, already on device `device`, pinned there (IREE's flow.tensor.barrier): a device's own
-    term of an all-reduce. Without it IREE 3.13's aggressive fusion (on for fp8 weights) pulled the
-    producer of the local term and the sum over a transfer into one dispatch region: "operand #1 does
-    not dominate this use". Eager: a copy."""
-    return x.clone()
-
-
-@barrier.register_fake
 def _(x, device):
     return torch.empty_like(x)
 
@@ -214,14 +198,20 @@ class TensorParallelLlama(nn.Module):
         for t in range(self.n):
             total = None
             for d, p in enumerate(parts):
-                p = barrier(p, t) if d == t else transfer(p, t)
+                # The device's own term too: a transfer to where it already is (at most a copy of [S, dim]).
+                # Added bare, IREE 3.13's aggressive fusion (on for fp8/bf16 weights) moved the sum into
+                # the local term's dispatch region, ahead of the other device's transfer: "operand #1
+                # does not dominate this use" (fp8 tiny Llama). Pinned with flow.tensor.barrier
+                # instead, the 8B's prefill failed in stream partitioning: "circular dependency: input
+                # operation uses partition output stream.async.barrier".
+                p = transfer(p, t)
                 total = p if total is None else total + p
             out.append(total)
         return out
 
     def gather_logits(self, parts: list):
         """The logits slices of every device, concatenated on device 0."""
-        return torch.cat([barrier(p, 0) if d == 0 else transfer(p, 0) for d, p in enumerate(parts)], dim=-1)
+        return torch.cat([transfer(p, 0) for p in parts], dim=-1)
 
     def layers(self, hs, cos, sin, cache, write_rows, attend):
         """Run every layer on every device. hs: the residual's replica on each device; cos/sin/
