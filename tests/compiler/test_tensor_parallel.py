@@ -66,6 +66,12 @@ def test_manifest_records_the_split_and_the_flags_declare_two_devices(tp2_f32):
     assert tp["cache_devices"] == [0, 0, 1, 1, 0, 0, 1, 1]
     by_device = tp["param_bytes_by_device"]
     assert by_device[0] == by_device[1] > 0  # rope tables, the unpinned rest, are the last entry
+    info = llmc_in_process("info", tp2_f32.vmfb)
+    assert info.returncode == 0, info.stderr
+    split = next(ln for ln in info.stdout.splitlines() if ln.startswith("split:"))
+    assert split.startswith("split:    2 devices (local x2): 2 heads, 1 KV heads, 88 MLP channels and 128 vocabulary rows a device"), split
+    weights = next(ln for ln in info.stdout.splitlines() if ln.startswith("weights:"))
+    assert weights.startswith(f"weights:  device 0: {by_device[0] / 1e6:.1f} MB, device 1: {by_device[1] / 1e6:.1f} MB"), weights
 
 
 @pytest.fixture(scope="module")
