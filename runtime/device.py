@@ -172,7 +172,11 @@ def more_devices(manifest: dict, config, vmfb) -> list:
                 f"{vmfb}: split over {n} devices (--tensor-parallel {n}), each a local-task device with workers of its own; "
                 f"this process may use {cores} CPU core(s); recompile with --tensor-parallel {cores} or fewer"
             )
-        return [config.device] + [rt.get_driver(driver).create_default_device() for _ in range(n - 1)]
+        # Each from a driver of its own: local-task devices of one driver share its task executor (one
+        # pool of --task_topology_group_count workers), so N of them would run one after another.
+        from iree._runtime_libs._runtime import create_hal_driver
+
+        return [config.device] + [create_hal_driver(driver).create_default_device() for _ in range(n - 1)]
     listed = _listed_devices(driver)
     if len(listed) < n:
         raise RuntimeLoadError(
