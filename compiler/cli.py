@@ -325,7 +325,7 @@ def cmd_info(args) -> int:
         if tp:
             per = tp.get("param_bytes_by_device") or []
             placed = ", ".join(f"device {d}: {b / 1e6:.1f} MB" for d, b in enumerate(per[:-1]))
-            placed += f", placed by IREE: {per[-1] / 1e6:.1f} MB" if per and per[-1] else ""
+            placed += f", unsplit (rope tables, constants; on device 0): {per[-1] / 1e6:.1f} MB" if per and per[-1] else ""
             print(f"split:    {tp['devices']} devices ({t['device']} x{tp['devices']}): {tp['heads_per_device']} heads, "
                   f"{tp['kv_heads_per_device']} KV heads, {tp['ffn_per_device']} MLP channels and {tp['vocab_per_device']} vocabulary "
                   f"rows a device; all-reduce after o_proj and down_proj; KV cache {cache['count'] // tp['devices']} tensors a device")

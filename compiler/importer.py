@@ -380,7 +380,6 @@ def _lower_transfers(module) -> None:
         %t = flow.tensor.transfer %b : tensor<..>{dynamic dims} to #hal.device.promise<@__device_d>
         %y = torch_c.from_builtin_tensor %t
 
-
     The flow op is opaque to torch-mlir (its context allows unregistered dialects) and reaches
     iree-compile as it is; the devices `@__device_0..N-1` are declared by its flags
     (`--iree-hal-target-device=local[i]`, compiler/targets.py), as iree-turbine's

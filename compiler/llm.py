@@ -279,7 +279,7 @@ def compile_llm(model, opts: lower.CompileOptions):
 
 def param_bytes_by_device(store, n: int) -> list[int]:
     """Bytes of the parameters pinned to each device (a split module's names: shards.<d>.), then
-    those IREE places by their uses (the rope tables, constants) as the last entry."""
+    the unsplit ones (the rope tables, lifted constants: device 0 holds them too) as the last entry."""
     out = [0] * (n + 1)
     for name, t in store.tensors.items():
         d = tensor_parallel_llama.device_of_param(name) if name.startswith(tensor_parallel_llama.SHARD_PREFIX) else n

@@ -65,7 +65,7 @@ def test_manifest_records_the_split_and_the_flags_declare_two_devices(tp2_f32):
     assert cache["count"] == 2 * 2 * 2 and cache["shape"] == [1, 1, MAX, 16]  # 2 layers x 2 devices x (K, V), 1 KV head each
     assert tp["cache_devices"] == [0, 0, 1, 1, 0, 0, 1, 1]
     by_device = tp["param_bytes_by_device"]
-    assert by_device[0] == by_device[1] > 0  # rope tables, the unpinned rest, are the last entry
+    assert by_device[0] == by_device[1] > 0  # the unsplit rope tables are the last entry
     info = llmc_in_process("info", tp2_f32.vmfb)
     assert info.returncode == 0, info.stderr
     split = next(ln for ln in info.stdout.splitlines() if ln.startswith("split:"))
