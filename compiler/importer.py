@@ -386,10 +386,9 @@ def _lower_transfers(module) -> None:
     `transfer_to_logical_device` expects them."""
     from torch_mlir import ir
 
-    from llmc.passes._base import builtin_tensor, vtensor_dims
+    from llmc.passes._base import builtin_tensor, vtensor_dims, walk_ops
 
-    ops = [op for op in _walk(module.operation) if op.name == "torch.operator"
-           and ir.StringAttr(op.attributes["name"]).value == TRANSFER_OPERATOR]
+    ops = [op for op in walk_ops(module, {"torch.operator"}) if ir.StringAttr(op.attributes["name"]).value == TRANSFER_OPERATOR]
     if not ops:
         return
     with module.context, ir.Location.unknown():
@@ -457,14 +456,6 @@ def _place_on_devices(module, plan: DevicePlan) -> None:
                 d = plan.param_device(ir.StringAttr(op.attributes["sym_name"]).value)
                 if d is not None:
                     op.attributes["stream.affinity"] = promise(d)
-
-
-def _walk(op):
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                yield child.operation
-                yield from _walk(child.operation)
 
 
 def _tie_results(module, tied: dict[str, dict[int, int]]) -> None:
