@@ -48,6 +48,12 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--max-seq-len", type=int, default=None, help="default: prompt + decode + 8")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="rounds run before the timed ones and dropped (default 1)")
+    ap.add_argument("--iree-flag", action="append", default=[], metavar="FLAG",
+                    help="passed on to every `llmc compile` (e.g. --iree-flag=--iree-opt-data-tiling=false), repeatable")
+    ap.add_argument("--tokens-from", type=Path, default=None, metavar="BENCH_TP.json",
+                    help="compare every N's greedy tokens with N = 1's from this earlier report (same model, prompt and "
+                         "decode) instead of this run's first N: for machines whose disk holds one archive at a time")
     ap.add_argument("--out", type=Path, default=Path("out/bench_tp"))
     ap.add_argument("--keep", action="store_true", help="reuse artifacts already in --out (same flags) instead of compiling")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -57,8 +63,8 @@ def parse(argv=None) -> argparse.Namespace:
         args.threads = [int(t) for t in args.threads.split(",") if t]
     except ValueError:
         ap.error("--tp and --threads take whole numbers, e.g. 1,2")
-    if not args.tp or min(args.tp) < 1 or not args.threads or min(args.threads) < 1 or args.decode < 2 or args.reps < 1:
-        ap.error("--tp >= 1, --threads >= 1, --decode >= 2, --reps >= 1")
+    if not args.tp or min(args.tp) < 1 or not args.threads or min(args.threads) < 1 or args.decode < 2 or args.reps < 1 or args.warmup < 0:
+        ap.error("--tp >= 1, --threads >= 1, --decode >= 2, --reps >= 1, --warmup >= 0")
     return args
 
 
@@ -72,6 +78,7 @@ def build(args, n: int, source: Path) -> dict:
            "--tensor-parallel", str(n), "--max-seq-len", str(args.max_seq_len), "-o", str(vmfb), "--dump-ir", str(out / "ir")]
     if args.arch:
         cmd += ["--arch", args.arch]
+    cmd += [f"--iree-flag={f}" for f in args.iree_flag]
     rec = {"n": n, "vmfb": str(vmfb)}
     if not (args.keep and vmfb.exists()):
         out.mkdir(parents=True, exist_ok=True)
@@ -103,13 +110,15 @@ def worker(spec: dict) -> dict:
     mods = {n: llmc.load(path, threads=spec["threads"]) for n, path in spec["artifacts"].items()}
     samples = {n: [] for n in mods}
     tokens = {}
-    for rep in range(spec["reps"] + 1):
+    warmup = spec["warmup"]
+    for rep in range(spec["reps"] + warmup):
         for n, mod in mods.items():
             tokens[n] = mod.generate(spec["prompt"], spec["decode"], stop_at_eos=False)
             g = mod.last_generation
-            if rep:
+            if rep >= warmup:
                 samples[n].append(g.decode_seconds / g.decode_steps)
-        print(f"  threads {spec['threads']}, tp {','.join(map(str, mods))}: round {rep}/{spec['reps']}", file=sys.stderr, flush=True)
+        print(f"  threads {spec['threads']}, tp {','.join(map(str, mods))}: round {rep + 1}/{spec['reps'] + warmup}"
+              f"{' (warm-up)' if rep < warmup else ''}", file=sys.stderr, flush=True)
     return {"threads": spec["threads"], "step_seconds": samples, "tokens": tokens}
 
 
@@ -123,11 +132,24 @@ def markdown(report: dict) -> str:
         lines.append(f"| {b['n']} | {cs:.0f} | {rss:.2f} | {b['irpa_bytes'] / 1e9:.3f} | {b['executables_created']} | {per} |"
                      if cs is not None else f"| {b['n']} | - | - | {b['irpa_bytes'] / 1e9:.3f} | {b['executables_created']} | {per} |")
     if report["runs"]:
-        lines += ["", f"prompt {report['prompt']}, decode {report['decode']}, median of {report['reps']}", "",
+        ref = f"; tokens compared with N = 1 of {report['tokens_from']}" if report.get("tokens_from") else ""
+        flags = f"; iree flags {' '.join(report['iree_flags'])}" if report.get("iree_flags") else ""
+        lines += ["", f"prompt {report['prompt']}, decode {report['decode']}, median of {report['reps']}{ref}{flags}", "",
                   "| threads per device | N | decode step ms | vs N = 1 (time) | tokens equal to N = 1 |", "|---|---|---|---|---|"]
         for r in report["runs"]:
             lines.append(f"| {r['threads']} | {r['n']} | {r['step_ms']:.2f} | {r['vs_1']:.2f}x | {r['tokens_equal']} |")
     return "\n".join(lines) + "\n"
+
+
+def reference_tokens(args, name: str, prompt: list[int], threads: int) -> list[int]:
+    """N = 1's greedy tokens from the earlier report --tokens-from, which must have run the same case."""
+    old = json.loads(args.tokens_from.read_text())
+    same = (old.get("model"), old.get("dtype"), old.get("prompt_ids"), old.get("decode")) == (name, args.dtype, prompt, args.decode)
+    runs = [r for r in old.get("runs", []) if r["n"] == 1]
+    if not same or not runs:
+        raise SystemExit(f"bench_tp: --tokens-from {args.tokens_from}: not a report of N = 1 on {name}, --dtype {args.dtype}, "
+                         f"the same prompt and --decode {args.decode}; run this bench with --tp 1 first")
+    return next((r for r in runs if r["threads"] == threads), runs[0])["tokens"]
 
 
 def main(argv=None) -> int:
@@ -161,7 +183,8 @@ def main(argv=None) -> int:
         for t in args.threads:
             step, tokens = {}, {}
             for group in groups:
-                spec = {"threads": t, "artifacts": {b["n"]: b["vmfb"] for b in group}, "prompt": prompt, "decode": args.decode, "reps": args.reps}
+                spec = {"threads": t, "artifacts": {b["n"]: b["vmfb"] for b in group}, "prompt": prompt, "decode": args.decode,
+                        "reps": args.reps, "warmup": args.warmup}
                 proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
                 if proc.returncode:
                     raise SystemExit(f"bench_tp: the worker failed (exit {proc.returncode})")
@@ -169,12 +192,15 @@ def main(argv=None) -> int:
                 step.update({int(n): statistics.median(v) for n, v in res["step_seconds"].items()})
                 tokens.update({int(n): v for n, v in res["tokens"].items()})
             base = args.tp[0]
+            ref = reference_tokens(args, name, prompt, t) if args.tokens_from else tokens[base]
             for n in args.tp:
                 runs.append({"threads": t, "n": n, "step_ms": 1e3 * step[n], "vs_1": step[n] / step[base],
-                             "tokens_equal": f"{sum(a == b for a, b in zip(tokens[n], tokens[base]))} of {len(tokens[base])}",
+                             "tokens_equal": f"{sum(a == b for a, b in zip(tokens[n], ref))} of {len(ref)}",
                              "tokens": tokens[n], "alternating": together})
     report = {"model": name, "dtype": args.dtype, "target": args.target, "arch": args.arch, "prompt": args.prompt,
-              "decode": args.decode, "reps": args.reps, "builds": builds, "runs": runs}
+              "prompt_ids": prompt if args.target == "cpu" else None, "decode": args.decode, "reps": args.reps,
+              "iree_flags": args.iree_flag, "tokens_from": str(args.tokens_from) if args.tokens_from else None,
+              "builds": builds, "runs": runs}
     (args.out / "bench_tp.json").write_text(json.dumps(report, indent=1))
     table = markdown(report)
     (args.out / "bench_tp.md").write_text(table)
