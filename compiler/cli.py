@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-eos", action="store_true", help="do not stop at the model's end-of-sequence id")
     r.add_argument("--device", default=None, help="IREE device (default: the manifest's, e.g. local-task)")
     r.add_argument("--threads", type=int, default=None, help="worker threads for local-task (1 or more)")
+    r.add_argument("--weights", choices=("auto", "mmap", "memory"), default="auto",
+                   help="cpu: map the weights from the .irpa, or read them into huge-page memory (faster decode); "
+                        "auto (default): memory when the decode reads them in place and they fit in half the free memory")
     r.add_argument("--json", action="store_true", help="print one JSON object: tokens, prompt_ids, text (with --prompt), seconds, and prefill/decode seconds and tokens/s")
     _add_common(r)
 
@@ -241,7 +244,7 @@ def cmd_run(args) -> int:
             raise UsageError("--prompt-ids: give at least one token id, e.g. --prompt-ids 1,2,3")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads {args.threads}: give 1 or more worker threads (or leave it out for IREE's default)")
-    mod = load(vmfb, device=args.device, threads=args.threads)
+    mod = load(vmfb, device=args.device, threads=args.threads, weights=args.weights)
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_eos)
     stream = not args.json and (args.prompt is not None or sys.stdout.isatty())
     if args.prompt is not None:
@@ -258,7 +261,7 @@ def cmd_run(args) -> int:
     seconds = time.perf_counter() - start
     run = mod.last_generation
     if args.json:
-        out = {"tokens": run.tokens, "prompt_ids": run.prompt_ids, "seconds": round(seconds, 4), **run.as_json()}
+        out = {"tokens": run.tokens, "prompt_ids": run.prompt_ids, "seconds": round(seconds, 4), **run.as_json(), "weights": mod.weights}
         if args.prompt is not None:
             out["text"] = run.text
         print(json.dumps(out))

@@ -23,6 +23,7 @@ import numpy as np
 
 from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
 from llmc import dtypes
+from llmc.runtime import weights as weights_mod
 from llmc.runtime.device import first_line, is_device_lost, more_devices
 
 log = logging.getLogger("llmc.runtime")
@@ -226,7 +227,7 @@ class Module:
     `close()` (or `with llmc.load(...) as mod:`) frees them at a chosen point; the next call loads again.
     """
 
-    def __init__(self, vmfb: Path, *, device: str | None = None, threads: int | None = None):
+    def __init__(self, vmfb: Path, *, device: str | None = None, threads: int | None = None, weights: str = "auto"):
         self.vmfb = Path(vmfb)
         if not self.vmfb.exists():
             raise RuntimeLoadError(f"{self.vmfb}: no such file")
@@ -245,6 +246,9 @@ class Module:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise RuntimeLoadError(f"threads={threads!r}: give a whole number of worker threads, 1 or more (or None for IREE's default)")
         self.threads = threads
+        self.weights_mode = weights_mod.check_mode(weights)
+        # Where the weights live once loaded ("mmap" or "memory", runtime/weights.py) and why; None before.
+        self.weights = self.weights_reason = None
         self._loaded = None  # _Loaded: IREE's context, main module and device, once the module is loaded
         self._device_lost = False  # the last device was lost: the next load opens a new one
         self._tokenizer = None
@@ -388,9 +392,16 @@ class Module:
         import iree.runtime as rt
 
         modules = []
+        resident = None
         if self.params is not None:
-            index = rt.ParameterIndex()
-            index.load(str(self.params))
+            self.weights, self.weights_reason = weights_mod.choose(
+                self.weights_mode, self.manifest, self.device_driver, self.params.stat().st_size)
+            if self.weights == "memory":
+                resident = weights_mod.ResidentArchive(self.params)
+                index = resident.index()
+            else:
+                index = rt.ParameterIndex()
+                index.load(str(self.params))
             modules.append(rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope=PARAM_SCOPE)))
         devices = more_devices(self.manifest, config, self.vmfb)
         if len(devices) > 1:
@@ -400,6 +411,7 @@ class Module:
         modules.append(rt.VmModule.mmap(config.vm_instance, str(self._module_file)))
         loaded = _Loaded.create(config, modules)
         loaded.devices = devices
+        loaded.resident = resident
         return loaded
 
     def _unflatten(self, structure: dict, values: list):
@@ -543,6 +555,7 @@ class _Loaded:
         self.main = main  # the main VmModule
         self.functions: dict = {}  # name -> iree.runtime.FunctionInvoker
         self.devices: list = [config.device] if config is not None else []  # @__device_0..N-1 (N > 1: --tensor-parallel)
+        self.resident = None  # runtime/weights.ResidentArchive: the weights' memory, when not mapped from the .irpa
 
     @classmethod
     def create(cls, config, modules: list) -> "_Loaded":
@@ -558,6 +571,7 @@ class _Loaded:
         self.context = None
         self.main = None
         self.config = None
+        self.resident = None  # after the context and its parameter module, the last users of this memory
 
     def __del__(self):
         if self.context is not None:
@@ -581,11 +595,14 @@ def _staged_copy(value, device) -> np.ndarray:
     return np.array(mapped.asarray(tuple(value.shape), value._get_raw_dtype()), copy=True)
 
 
-def load(path_or_artifact, device: str | None = None, *, threads: int | None = None) -> Module:
+def load(path_or_artifact, device: str | None = None, *, threads: int | None = None, weights: str = "auto") -> Module:
     """Load a compiled module. `path_or_artifact`: the .vmfb path or an llmc.Artifact.
 
     threads: worker count of IREE's local-task device. IREE caches devices per process and the flag
     is process-global, so it takes effect for the first module loaded in a process only.
+    weights: where the weights live on a CPU device, "mmap" (mapped from the .irpa), "memory" (read
+    into memory with huge pages: faster decode) or "auto" (memory where it pays and fits;
+    runtime/weights.py). Module.weights says what was chosen, once loaded.
     """
     vmfb = getattr(path_or_artifact, "vmfb", path_or_artifact)
-    return Module(Path(os.fspath(vmfb)), device=device, threads=threads)
+    return Module(Path(os.fspath(vmfb)), device=device, threads=threads, weights=weights)

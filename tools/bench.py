@@ -12,11 +12,12 @@ torch.set_num_threads to it, measures read bandwidth (torch sum over a 256 MiB f
 5), then alternates --reps rounds (plus one dropped warm-up round) of: each artifact's greedy
 generate(prompt, --decode tokens), and eager PyTorch (llmc's own Llama with a KV cache:
 LlamaPrefill + LlamaDecode) in each `--eager` dtype. Prefill tok/s = prompt tokens / time to the
-first new token; decode tok/s = decode steps / their time. Medians are reported, with each llmc
-figure's ratio to eager f32 and eager bf16 from the same worker, and decode as a fraction of its
-roofline: bandwidth / bytes of weights one decode step streams (every parameter but the embedding
-table, which decode only gathers one row of, at 4/2/1 bytes per weight for f32/bf16/fp8; the KV
-cache and fp8 scales are left out, so the roofline is slightly optimistic).
+first new token; decode tok/s = decode steps / their time. --weights picks where llmc's weights live
+(llmc.load's weights=; `both` loads each artifact twice, mapped and in huge-page memory). Medians
+are reported, with each llmc figure's ratio to eager f32 and eager bf16 from the same worker, and
+decode as a fraction of its roofline: bandwidth / bytes of weights one decode step streams (every
+parameter but the embedding table, which decode only gathers one row of, at 4/2/1 bytes per weight
+for f32/bf16/fp8; the KV cache and fp8 scales are left out, so the roofline is slightly optimistic).
 
 Writes OUT/bench.json (every sample, medians, ratios, machine facts), OUT/bench.md (the table) and
 OUT/bench.png (tok/s by engine and thread count; needs matplotlib). Figures hold for this machine
@@ -56,6 +57,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--weights", default="auto", choices=("auto", "mmap", "memory", "both"),
+                    help="where llmc's weights live (llmc.load weights=; default auto), or both: each artifact twice, "
+                         "mapped from its .irpa and read into huge-page memory, alternating")
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: JSON spec of one thread count's runs
     args = ap.parse_args(argv)
@@ -143,7 +147,9 @@ def worker(spec: dict) -> dict:
     for i, d in enumerate(spec["eager"]):
         eager[f"eager {d}"] = (llama if i == len(spec["eager"]) - 1 else copy.deepcopy(llama)).to(TORCH_DTYPE[d])
     del llama
-    mods = {f"llmc {d}": llmc.load(path, threads=threads) for d, path in spec["artifacts"].items()}
+    modes = ("mmap", "memory") if spec["weights"] == "both" else (spec["weights"],)
+    mods = {f"llmc {d}" + (f" [{w}]" if len(modes) > 1 else ""): llmc.load(path, threads=threads, weights=w)
+            for d, path in spec["artifacts"].items() for w in modes}
     for name, mod in mods.items():
         if mod.cpu_variant:
             print(f"  {name}: this CPU runs the {mod.cpu_variant} variant", file=sys.stderr, flush=True)
@@ -163,7 +169,8 @@ def worker(spec: dict) -> dict:
                 samples[name]["prefill"].append(p)
                 samples[name]["decode"].append(d)
         print(f"  threads {threads}: round {rep}/{spec['reps']} done", file=sys.stderr, flush=True)
-    return {"threads": threads, "bandwidth_gb_s": bw, "samples": samples}
+    return {"threads": threads, "bandwidth_gb_s": bw, "samples": samples,
+            "weights": {name: [mod.weights, mod.weights_reason] for name, mod in mods.items()}}
 
 
 def summarize(result: dict, streamed: int) -> list[dict]:
@@ -190,6 +197,9 @@ def markdown(report: dict) -> str:
             f"prompt {report['prompt']}, decode {report['decode']}, median of {report['reps']}\n\n"
             f"{report['machine']['cpu']}; read bandwidth " +
             ", ".join(f"{r['bandwidth_gb_s']:.1f} GB/s at {r['threads']} thread(s)" for r in report["runs"]) + "\n\n")
+    weights = report["runs"][0].get("weights", {}) if report["runs"] else {}
+    if weights:
+        head += "llmc weights: " + "; ".join(f"{name}: {mode} ({why})" for name, (mode, why) in weights.items()) + "\n\n"
     lines = ["| phase | engine | threads | tok/s | vs eager f32 | vs eager bf16 | % of roofline |", "|---|---|---|---|---|---|---|"]
     fmt = lambda v, f: f.format(v) if v is not None else "-"
     for r in report["rows"]:
@@ -263,7 +273,7 @@ def main(argv=None) -> int:
     for t in args.threads:
         print(f"bench: {t} thread(s) ...", file=sys.stderr, flush=True)
         wspec = {**spec, "threads": t, "artifacts": artifacts, "eager": args.eager, "prompt_ids": prompt,
-                 "decode": args.decode, "max_len": max_len, "reps": args.reps}
+                 "decode": args.decode, "max_len": max_len, "reps": args.reps, "weights": args.weights}
         proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(wspec)], stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             print(f"bench: the {t}-thread worker failed (exit {proc.returncode})", file=sys.stderr)

@@ -138,7 +138,14 @@ def test_cli_run_json_matches_api(compiled, checkpoints):
 
     r = _llmc("run", compiled["meta"].vmfb, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "20", "--no-eos", "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["tokens"] == llmc.load(compiled["meta"]).generate(PROMPT, 20, stop_at_eos=False)
+    want = llmc.load(compiled["meta"]).generate(PROMPT, 20, stop_at_eos=False)
+    assert json.loads(r.stdout)["tokens"] == want
+    # f32 weights are packed by IREE at load (data tiling): auto maps them. Read into memory, same tokens.
+    assert json.loads(r.stdout)["weights"] == "mmap"
+    r = _llmc("run", compiled["meta"].vmfb, "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "20", "--no-eos", "--json",
+              "--weights", "memory")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["weights"] == "memory" and json.loads(r.stdout)["tokens"] == want
 
 
 @pytest.mark.parametrize(
