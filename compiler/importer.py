@@ -28,7 +28,7 @@ import torch
 
 from llmc import dtypes
 from llmc.errors import CompileError
-from llmc.passes._scratch import file_mappings, unmodified_file_pages
+from llmc.passes._scratch import _trim_heap, file_mappings, is_file_backed, unmodified_file_pages
 
 PARAM_SCOPE = "model"
 
@@ -42,6 +42,7 @@ class ParamStore:
 
     def __init__(self):
         self.tensors: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+        self.spilled_bytes = 0  # strided views of a mapped checkpoint copied through a spill file by write_irpa
         self._by_storage: dict[tuple, str] = {}
 
     def add(self, name: str, t: torch.Tensor) -> tuple[str, bool]:
@@ -67,19 +68,27 @@ class ParamStore:
         Tensors that are memory-mapped from a file (a safetensors or mmap-loaded .pth checkpoint) are
         handed to IREE as (file, offset, length), so IREE copies them with file reads and this
         process never faults the pages in: for a 16 GB Llama-3-8B checkpoint that is the difference
-        between ~14 GB and well under 2 GB of peak RSS. Everything else goes in as a zero-copy view.
+        between ~14 GB and well under 2 GB of peak RSS. A strided view of such a tensor (a column
+        shard of --tensor-parallel: o_proj[:, a:b]) has no single byte range in the file: it is
+        copied one tensor at a time into a spill file beside the archive and handed over the same
+        way, instead of as a copy in memory held until the archive is written (4.8 GB for the 8B's
+        bf16 column shards, twice that in f32). Everything else goes in as a zero-copy view.
         """
         import iree.runtime as rt
 
         index = rt.ParameterIndex()
         files = _FileBacking()
+        spill = _Spill(path)
         try:
             for name, t in self.tensors.items():
-                t = t.contiguous()
                 if t.numel() == 0:
                     index.add_splat(name, b"\x00", 0)
                     continue
                 nbytes = t.numel() * t.element_size()
+                if not t.is_contiguous() and is_file_backed(t):
+                    index.add_from_file_handle(name, *spill.add(t))
+                    continue
+                t = t.contiguous()
                 backing = files.find(t.data_ptr(), nbytes)
                 if backing is not None:
                     handle, offset = backing
@@ -89,6 +98,46 @@ class ParamStore:
             index.create_archive_file(str(path))
         finally:
             files.close()
+            spill.close()
+        self.spilled_bytes = spill.nbytes
+
+
+class _Spill:
+    """A temporary file beside the archive for tensors copied out of a mapped checkpoint, one at a time."""
+
+    def __init__(self, archive: Path):
+        self._dir = Path(archive).parent
+        self._f = None
+        self.nbytes = 0
+        self._handle = None
+
+    def add(self, t: torch.Tensor):
+        """Append t's bytes, contiguous; returns (IREE FileHandle, length, offset) for add_from_file_handle."""
+        import os
+        import tempfile
+
+        import iree.runtime as rt
+
+        if self._f is None:
+            fd, name = tempfile.mkstemp(prefix=".llmc-spill-", dir=self._dir)
+            os.unlink(name)  # gone from the folder at once; the open file lives until close()
+            self._f = os.fdopen(fd, "w+b")
+            self._handle = rt.FileHandle.wrap_fd(self._f.fileno())
+        offset = self._f.seek(0, 2)
+        made = t.contiguous()
+        raw = made.reshape(-1).view(torch.uint8).numpy()
+        self._f.write(raw.data)
+        self._f.flush()
+        self.nbytes += raw.nbytes
+        del raw, made
+        _trim_heap()
+        return self._handle, t.numel() * t.element_size(), offset
+
+    def close(self):
+        if self._f is not None:
+            self._handle = None
+            self._f.close()
+            self._f = None
 
 
 class _FileBacking:

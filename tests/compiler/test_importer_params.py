@@ -69,6 +69,34 @@ def test_a_write_in_the_middle_of_a_mapped_tensor_is_kept(tmp_path):
     assert got[500_000] == -1.0 and got[0] == 0.0 and got[999_999] == 999_999.0
 
 
+def test_column_shards_of_a_mapped_tensor_go_through_a_spill_file(tmp_path):
+    """--tensor-parallel's column shards (w[:, a:b]) of a mapped checkpoint are strided views: copied
+    one at a time through a spill file, not held in memory until the archive is written. The bytes are
+    the view's, a modified (copy-on-write) element included; an in-memory view is not spilled."""
+    torch.save({"w": torch.arange(64 * 48, dtype=torch.float32).reshape(64, 48)}, tmp_path / "w.pt")
+    w = torch.load(tmp_path / "w.pt", mmap=True, weights_only=True)["w"]
+    w[3, 40] = -7.0  # a private page now: the spilled copy must hold it
+    cols = [w[:, 0:16], w[:, 16:32], w[:, 32:48]]
+    in_memory = torch.randn(8, 6)[:, 2:4]
+    assert not cols[0].is_contiguous() and not in_memory.is_contiguous()
+    store = ParamStore()
+    for i, c in enumerate(cols):
+        store.add(f"shards.{i}.o_proj", c)
+    store.add("rows", w[8:16])  # contiguous: a file range, not spilled
+    store.add("small", in_memory)
+    out = tmp_path / "archive"
+    out.mkdir()
+    store.write_irpa(out / "p.irpa")
+    assert store.spilled_bytes == sum(c.numel() * 4 for c in cols)
+    assert [p.name for p in out.iterdir()] == ["p.irpa"]  # the spill file is gone
+    got = _read_irpa(out / "p.irpa")
+    for i, c in enumerate(cols):
+        np.testing.assert_array_equal(got[f"shards.{i}.o_proj"].view(np.float32).reshape(64, 16), c.numpy())
+    assert got["shards.2.o_proj"].view(np.float32).reshape(64, 16)[3, 8] == -7.0
+    np.testing.assert_array_equal(got["rows"].view(np.float32).reshape(8, 48), w[8:16].numpy())
+    np.testing.assert_array_equal(got["small"].view(np.float32).reshape(8, 2), in_memory.numpy())
+
+
 @pytest.mark.parametrize("dtype, mlir", [(torch.float8_e4m3fn, "f8E4M3FN"), (torch.float8_e4m3fnuz, "f8E4M3FNUZ"), (torch.float8_e5m2, "f8E5M2")])
 def test_fp8_weights_are_external_parameters(dtype, mlir):
     """An f8 constant cannot be serialized into a vmfb (IREE 3.13: 'unhandled float element bit width 8'),
