@@ -61,6 +61,8 @@ def parse(argv=None) -> argparse.Namespace:
                     help="where llmc's weights live (llmc.load weights=; default auto), or both: each artifact twice, "
                          "mapped from its .irpa and read into huge-page memory, alternating")
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
+    ap.add_argument("--keep", action="store_true",
+                    help="reuse an artifact already in --out (DTYPE.vmfb with its .irpa and .json) instead of compiling it")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: JSON spec of one thread count's runs
     args = ap.parse_args(argv)
     args.dtypes = [d for d in args.dtypes.split(",") if d]
@@ -261,9 +263,13 @@ def main(argv=None) -> int:
     for d in args.dtypes:
         for arch in archs:
             key = d if len(archs) == 1 else f"{d} [{arch}]"
+            stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
+            if args.keep and (args.out / f"{stem}.vmfb").exists():
+                print(f"bench: reusing {args.out / f'{stem}.vmfb'} (--keep)", file=sys.stderr, flush=True)
+                artifacts[key] = str(args.out / f"{stem}.vmfb")
+                continue
             print(f"bench: compiling {name} for cpu, --dtype {d} --arch {arch} ...", file=sys.stderr, flush=True)
             start = time.perf_counter()
-            stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
             art = llmc.compile(args.checkpoint or llama, dtype=d, arch=arch, output=args.out / f"{stem}.vmfb", max_seq_len=max_len,
                                **({"quant_embeddings": True} if d in ("fp8", "int8") else {}))
             compile_s[key] = time.perf_counter() - start
