@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 import re
 import time
 from pathlib import Path
 
 from llmc.errors import RuntimeLoadError
 
-log = logging.getLogger("llmc")
+log = logging.getLogger("llmc.runtime")
 
 MODES = ("auto", "mmap", "memory")
 _CHUNK = 256 << 20  # one read() per 256 MB (Linux caps a single read at ~2 GB)
@@ -128,13 +127,3 @@ class ResidentArchive:
         index.load_from_file_handle(self.handle, "irpa")
         return index
 
-
-def huge_page_bytes() -> int:
-    """This process's anonymous memory in transparent huge pages (AnonHugePages of smaps_rollup), 0 if unknown."""
-    try:
-        for line in Path(f"/proc/{os.getpid()}/smaps_rollup").read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
