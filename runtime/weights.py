@@ -115,10 +115,9 @@ class ResidentArchive:
             raise RuntimeLoadError(f"{path}: could not read the parameter archive ({e.strerror or e})") from e
         finally:
             view.release()
-        self.nbytes = size
-        self.seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start
         self.handle = rt.FileHandle.wrap_memory(self.memory, readable=True, writable=False)
-        log.info("%s: %.2f GB of weights read into memory in %.1f s", path.name, size / 1e9, self.seconds)
+        log.info("%s: %.2f GB of weights read into memory in %.1f s", path.name, size / 1e9, seconds)
 
     def index(self):
         import iree.runtime as rt
@@ -126,4 +125,3 @@ class ResidentArchive:
         index = rt.ParameterIndex()
         index.load_from_file_handle(self.handle, "irpa")
         return index
-

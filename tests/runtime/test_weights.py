@@ -112,3 +112,11 @@ def test_auto_leaves_data_tiled_f32_weights_mapped(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(mod(x), model(x), rtol=1e-4, atol=1e-5)
     assert mod.weights == "mmap" and "data tiling" in mod.weights_reason
+
+
+def test_unreadable_archive_is_one_clear_error(tmp_path):
+    """An archive that cannot be read (here a folder in its place) is a RuntimeLoadError naming it."""
+    bad = tmp_path / "m.irpa"
+    bad.mkdir()
+    with pytest.raises(RuntimeLoadError, match=r"m\.irpa: could not read the parameter archive \(Is a directory\)"):
+        weights.ResidentArchive(bad)
