@@ -43,6 +43,7 @@ def compile_model(
     cpu_dispatch: str = "modules",
     int8_math: str = "integer",
     tensor_parallel: int = 1,
+    prefill_buckets="auto",
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
 
@@ -71,6 +72,9 @@ def compile_model(
     "float" (quantize / dequantize as f32 math, contractions in f32: docs/int8.md).
     tensor_parallel (Llama checkpoints): split the model over this many devices of the target, one
     module holding the copies between them (docs/tensor-parallel.md); llmc.load opens that many.
+    prefill_buckets (Llama checkpoints): prompt sizes that get a prefill entry point of their own with
+    the length fixed (the prompt padded to it): "auto" (hip and cuda: 128, 512 and 2048 up to
+    max_seq_len; none on cpu, vulkan and xpu), "none", a list such as (128, 512), or the CLI's text "128,512".
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,
@@ -78,7 +82,7 @@ def compile_model(
         extra_iree_flags=tuple(extra_iree_flags), quiet=quiet, max_seq_len=max_seq_len, config=config,
         quant_exclude=_patterns(quant_exclude), quant_embeddings=quant_embeddings,
         fp8_exclude=_patterns(fp8_exclude), fp8_scales=fp8_scales, fp8_embeddings=fp8_embeddings,
-        cpu_dispatch=cpu_dispatch, int8_math=int8_math, tensor_parallel=tensor_parallel,
+        cpu_dispatch=cpu_dispatch, int8_math=int8_math, tensor_parallel=tensor_parallel, prefill_buckets=prefill_buckets,
     )
     opts.resolve()  # bad target, dtype or quantization options fail before anything is loaded
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
@@ -96,6 +100,9 @@ def compile_model(
     if tensor_parallel != 1:
         what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
         raise UsageError(f"--tensor-parallel applies to Llama checkpoints; {what} is not one")
+    if not (isinstance(prefill_buckets, str) and prefill_buckets.strip().lower() == "auto"):
+        what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
+        raise UsageError(f"--prefill-buckets applies to Llama checkpoints; {what} is not one")
     return compile_program(model, tuple(example_args), example_kwargs, dynamic_shapes, opts)
 
 

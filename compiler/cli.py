@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="Llama checkpoints: split the model over N devices of the target (attention heads and MLP split, "
                         "all-reduce inside the module; cpu: N local devices in one process); default 1")
+    c.add_argument("--prefill-buckets", default="auto", metavar="auto|none|N,N,...",
+                   help="Llama checkpoints: prompt sizes with a prefill entry point of their own, the length fixed and the "
+                        "prompt padded to it (static shapes: much faster matmuls on GPUs); auto (the default): 128,512,2048 "
+                        "up to --max-seq-len on hip and cuda, none on cpu, vulkan and xpu")
     c.add_argument("-o", "--output", default=None, help="output .vmfb path (default ./MODEL_STEM.vmfb)")
     c.add_argument("--dump-ir", default=None, metavar="DIR", help="write the IR after import and after each pass")
     c.add_argument("--repro-dir", default=None, metavar="DIR", help="where to save reproducers on failure (default: the output folder)")
@@ -189,6 +193,7 @@ def cmd_compile(args) -> int:
 
     # Cheap checks first: a wrong flag or path answers before torch is imported (compile_model checks again).
     targets.resolve(args.target, args.arch, args.dtype, extra_flags=tuple(args.iree_flag), cpu_dispatch=args.cpu_dispatch)
+    targets.parse_buckets(args.prefill_buckets)
     if not Path(args.model).exists():
         raise UsageError(f"{args.model}: no such file or directory")
     from llmc.compiler.api import compile_model
@@ -208,6 +213,7 @@ def cmd_compile(args) -> int:
         cpu_dispatch=args.cpu_dispatch,
         int8_math=args.int8_math,
         tensor_parallel=args.tensor_parallel,
+        prefill_buckets=args.prefill_buckets,
     )
     # compile_model validates the path, target and output before any work; Llama checkpoints
     # (Meta .pth + params.json, HF folders) become a prefill + decode module (compiler/llm.py).
@@ -324,6 +330,11 @@ def cmd_info(args) -> int:
             f"llm:      {cfg['name']}: {cfg['n_layers']} layers, dim {cfg['dim']}, heads {cfg['n_heads']}/{cfg['n_kv_heads']} kv, "
             f"vocab {cfg['vocab_size']}; max-seq-len {m['llm']['max_seq_len']}, KV cache {cache['count']} x {cache['dtype']}{cache['shape']}"
         )
+        buckets = m["llm"].get("prefill_buckets") or []
+        if buckets:
+            fill = m["llm"].get("prefill_bucket_min_fill", 0.0)
+            print(f"prefill:  buckets {', '.join(str(b['tokens']) for b in buckets)} tokens (static-shape entry points; a prompt pads "
+                  f"to the smallest that holds it{f' and is at least {fill:.0%} full' if fill else ''}), else the dynamic prefill")
         tp = m["llm"].get("tensor_parallel")
         if tp:
             per = tp.get("param_bytes_by_device") or []

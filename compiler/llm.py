@@ -4,7 +4,14 @@
     decode(token[1, 1], attention_mask[1, N], k0, v0, ...) -> (logits[1, 1, vocab], k0', v0', ...)
 
 S and N are dynamic, up to --max-seq-len; each cache tensor is [1, n_kv_heads, max_seq_len,
-head_dim] in the compute dtype. Both functions are exported from the same (converted) model, so
+head_dim] in the compute dtype. Prefill buckets (--prefill-buckets; GPU targets by default) add
+
+    prefill_B(tokens[1, B], length[1], k0, v0, ...) -> (logits of position length - 1, k0', v0', ...)
+
+for fixed sizes B: the prompt padded at the end to B, every matmul with a static M. generate()
+takes the smallest bucket that holds the prompt (and that it fills enough: `min_fill`), else the
+dynamic prefill. Measured on an H200 (docs/targets.md): a 128-token prefill 12.6x faster on a
+1B Llama, 3.3x on the 125M one; on this CPU 1.24x (1 thread) and 1.34x (2 threads). Both functions are exported from the same (converted) model, so
 the weights are one set of parameters in the .irpa. Every returned cache is tied to its input
 (`iree.abi.tied`): IREE updates the caller's buffer in place and the runtime keeps the cache on the
 device between calls (docs/architecture.md: zero full-cache copies per step).
@@ -29,12 +36,56 @@ import torch
 from llmc import dtypes
 from llmc.compiler import artifacts, export, lower
 from llmc.compiler.progress import Phases
+from llmc.compiler.targets import parse_buckets
 from llmc.errors import ExportError, UsageError
 from llmc.models.llama.config import LlamaConfig
 from llmc.models.llama import tensor_parallel as tensor_parallel_llama
-from llmc.models.llama.model import Llama, LlamaDecode, LlamaPrefill, new_cache
+from llmc.models.llama.model import Llama, LlamaDecode, LlamaPrefill, LlamaPrefillBucket, new_cache
 
 DEFAULT_MAX_SEQ_LEN = 4096
+
+# --prefill-buckets auto on hip and cuda: 4x apart, so a prompt pads to at most 4x its length; each
+# bucket is one more function to compile. On cpu auto means none: a padded prompt costs its pads,
+# and static M gained only 1.24-1.34x there. On vulkan/xpu none: SPIR-V f16 builds fail (resolve_buckets).
+GPU_PREFILL_BUCKETS = (128, 512, 2048)
+# The least share of a bucket a prompt must fill to use it (else the dynamic prefill runs). On a GPU
+# any bucket beats the dynamic prefill (a 128-token static prefill ran 3.3-12.6x faster there, and
+# small prompts do not fill the GPU anyway); on cpu compute grows with the pads.
+MIN_FILL = {"gpu": 0.0, "cpu": 0.8}
+
+
+def resolve_buckets(spec, target, max_seq_len: int, tensor_parallel: int) -> tuple[int, ...]:
+    """The bucket sizes to export: spec from parse_buckets (or a tuple of ints from the Python API)."""
+    spec = parse_buckets(spec) if isinstance(spec, str) else tuple(sorted(set(int(b) for b in spec)))
+    spirv = target.caps.backend == "vulkan-spirv"
+    if spec == "auto":
+        if target.name == "cpu" or spirv or tensor_parallel > 1:
+            return ()
+        return tuple(b for b in GPU_PREFILL_BUCKETS if b <= max_seq_len)
+    if spec and spirv and target.compute_dtype == "f16":
+        # IREE 3.13, the decomposed attention's softmax at a static length (tiny Llama, bucket 128, llvmpipe):
+        # "failed to legalize operation 'memref.alloc' ... memref<64xindex, #spirv.storage_class<Workgroup>>".
+        raise UsageError(f"--prefill-buckets: not available on {target.name} with f16 math: IREE 3.13's SPIR-V backend fails "
+                         "to compile the static-length attention (failed to legalize 'memref.alloc' in workgroup memory); "
+                         "leave it out or use --dtype f32")
+    if spec and tensor_parallel > 1:
+        raise UsageError("--prefill-buckets: not available with --tensor-parallel yet; leave it out (the split module "
+                         "prefills with its dynamic entry point)")
+    fusion = [f.partition("=")[2] or "true" for f in target.iree_flags if f.startswith("--iree-dispatch-creation-enable-aggressive-fusion")]
+    if spec and target.name == "cpu" and fusion and fusion[-1] in ("true", "1"):
+        # cpu bf16/fp8/int8 turn on aggressive fusion for the decode's fused weight decode (targets._NARROW_CPU_FLAGS);
+        # IREE 3.13 then fails on a static-length prefill (tiny Llama, bucket 128, every narrow dtype): "'iree_linalg_ext.map_store'
+        # op write affecting operations on global resources are restricted to workgroup distributed contexts".
+        raise UsageError(f"--prefill-buckets: not available on cpu with --dtype {target.dtype}: IREE 3.13 fails to compile a static-length "
+                         "prefill under the aggressive fusion this dtype's decode uses; leave it out, or add "
+                         "--iree-flag=--iree-dispatch-creation-enable-aggressive-fusion=false (slower decode)")
+    too_long = [b for b in spec if b > max_seq_len]
+    if too_long:
+        raise UsageError(f"--prefill-buckets: {', '.join(map(str, too_long))} exceed the KV cache (--max-seq-len {max_seq_len}); "
+                         "give sizes up to it or raise --max-seq-len")
+    if spec and spec[0] < 2:
+        raise UsageError("--prefill-buckets: each size must be at least 2 tokens")
+    return spec
 
 
 def is_llama_checkpoint(path) -> bool:
@@ -149,11 +200,12 @@ def _default_len(config: LlamaConfig) -> int:
 
 
 def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool | tuple = False,
-               tensor_parallel: int = 1) -> list[lower.Entry]:
+               tensor_parallel: int = 1, prefill_buckets: tuple[int, ...] = ()) -> list[lower.Entry]:
     """Export prefill and decode over one converted copy of the model, as the module's entry points.
     keep_narrow_linears: see export.convert_module (fp8/int8 quantized from the checkpoint's own dtype, bf16
     weights under f32 math stored as they are). tensor_parallel: N > 1 exports the model split over N
-    devices (models/llama/tensor_parallel.py), each cache shard an argument on its device."""
+    devices (models/llama/tensor_parallel.py), each cache shard an argument on its device. prefill_buckets:
+    one more entry point per size, `prefill_<size>`, with the prompt length fixed (LlamaPrefillBucket)."""
     from torch.export import Dim
 
     tdt = dtypes.compute_torch_dtype(dtype)
@@ -204,6 +256,15 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
             devices = {first + i: d for i, d in enumerate(cache_device) if d} if n > 1 else None
             entries.append(lower.Entry(export.Exported(ep, strip_prefix=strip), name, tied=tied[name], logits_output=0,
                                        arg_devices=devices, result_devices={1 + i: d for i, d in enumerate(cache_device) if d} if n > 1 else None))
+        for size in prefill_buckets:
+            name = f"prefill_{size}"
+            args = (torch.zeros(1, size, dtype=torch.int64), torch.tensor([size], dtype=torch.int64), *cache)
+            try:
+                ep = torch.export.export(LlamaPrefillBucket(llama), args, strict=False)
+            except Exception as e:
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise ExportError(f"torch.export of {name} failed: {type(e).__name__}: {msg}") from e
+            entries.append(lower.Entry(export.Exported(ep, strip_prefix=strip), name, tied=tied["decode"], logits_output=0))
     return entries
 
 
@@ -264,11 +325,14 @@ def compile_llm(model, opts: lower.CompileOptions):
             target = dataclasses.replace(target, pass_options=tuple(
                 (k, tuple(v) + tuple(f"{tensor_parallel_llama.SHARD_PREFIX}*.{p}" for p in pats)) if k in ("fp8_exclude", "quant_exclude") else (k, v)
                 for k, v in target.pass_options))
+    buckets = resolve_buckets(opts.prefill_buckets, target, max_seq_len, n)
     with phases.phase("export"):
-        entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target), tensor_parallel=n)
+        entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target), tensor_parallel=n,
+                             prefill_buckets=buckets)
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases,
                                  param_device=tensor_parallel_llama.device_of_param if n > 1 else None)
-    llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem), tensor_parallel=n)
+    llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem), tensor_parallel=n,
+                       prefill_buckets=buckets, min_fill=MIN_FILL["cpu" if target.name == "cpu" else "gpu"])
     if n > 1:
         llm["tensor_parallel"]["param_bytes_by_device"] = param_bytes_by_device(lowered.store, n)
     return lower.write_artifact(
@@ -287,10 +351,13 @@ def param_bytes_by_device(store, n: int) -> list[int]:
     return out
 
 
-def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: dict | None = None, tensor_parallel: int = 1) -> dict:
+def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: dict | None = None, tensor_parallel: int = 1,
+                 prefill_buckets: tuple[int, ...] = (), min_fill: float = 0.0) -> dict:
     """The manifest's `llm` section: what generate() and `llmc run` need besides the entry points.
     tokenizer: tokenizer_manifest's record, or None when the checkpoint had none. tensor_parallel: N > 1
-    describes the split module: N cache shards a layer (cache_order), each on its device."""
+    describes the split module: N cache shards a layer (cache_order), each on its device.
+    prefill_buckets: the sizes of the prefill_<size> entry points; min_fill: the least share of one a
+    prompt must fill for generate() to pad it to that bucket."""
     n = tensor_parallel
     n_cache = 2 * config.n_layers * n
     if n > 1:
@@ -320,6 +387,9 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
         },
         "prefill": {"function": "prefill", "min_tokens": 2, "cache_args_start": 1},
         "decode": {"function": "decode", "cache_args_start": 2},
+        "prefill_buckets": [{"function": f"prefill_{b}", "tokens": b, "length_arg": 1, "cache_args_start": 2}
+                            for b in prefill_buckets],
+        "prefill_bucket_min_fill": min_fill,
         "tokenizer": tokenizer,
     }
     if tp is not None:

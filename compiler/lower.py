@@ -69,6 +69,9 @@ class CompileOptions:
     # (Q/DQ written out as f32 math everywhere: passes/qdq_float.py)
     int8_math: str = "integer"
     tensor_parallel: int = 1  # Llama checkpoints: devices to split the model over (compiler/llm.py)
+    # Llama checkpoints: static-length prefill entry points, "auto" (hip, cuda: 128, 512, 2048), or a
+    # tuple of sizes (compiler/llm.py resolve_buckets)
+    prefill_buckets: object = "auto"
 
     def resolve(self) -> targets.ResolvedTarget:
         if self.int8_math not in ("integer", "float"):

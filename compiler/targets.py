@@ -39,7 +39,7 @@ import subprocess
 import tempfile
 
 from llmc.dtypes import COMPUTE_DTYPES
-from llmc.errors import UnsupportedTargetError
+from llmc.errors import UnsupportedTargetError, UsageError
 
 DTYPES = tuple(COMPUTE_DTYPES)
 
@@ -703,3 +703,17 @@ def llvm_cpu_features(arch: str) -> tuple[str, tuple[str, ...]]:
 
     features = {f[1:] for f in attr("cpu_features").split(",") if f.startswith("+")}
     return attr("cpu"), tuple(sorted(features))
+
+
+def parse_buckets(text: str):
+    """--prefill-buckets: "auto", "none", or token counts "128,512" -> "auto" or a sorted tuple."""
+    t = str(text).strip().lower()
+    if t in ("auto", "none", ""):
+        return "auto" if t == "auto" else ()
+    try:
+        sizes = tuple(sorted({int(x) for x in t.split(",") if x.strip()}))
+    except ValueError:
+        raise UsageError(f"--prefill-buckets={text}: give auto, none, or prompt sizes such as 128,512") from None
+    if not sizes or sizes[0] < 2:
+        raise UsageError(f"--prefill-buckets={text}: each size must be at least 2 tokens")
+    return sizes

@@ -71,6 +71,7 @@ class Generation:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     text: str | None = None
+    prefill_function: str | None = None  # the entry point that took the prompt (prefill, prefill_<bucket> or decode)
 
     @property
     def decode_steps(self) -> int:
@@ -99,7 +100,18 @@ class Generation:
             "decode_seconds": r(self.decode_seconds, 6),
             "prefill_tokens_per_s": r(self.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": r(self.decode_tokens_per_s, 2),
+            "prefill_function": self.prefill_function,
         }
+
+
+def choose_bucket(buckets: list[dict], n: int, min_fill: float) -> dict | None:
+    """The smallest prefill bucket that holds an n-token prompt and that it fills to at least
+    `min_fill` of its size; None: the dynamic prefill takes it."""
+    fits = [b for b in buckets if n <= int(b["tokens"])]
+    if not fits:
+        return None
+    best = min(fits, key=lambda b: int(b["tokens"]))
+    return best if n >= min_fill * int(best["tokens"]) else None
 
 
 class Generator:
@@ -185,11 +197,21 @@ class Generator:
         eos = set(self.config.get("eos_ids") or ()) if stop_at_eos else set()
         cache = self._new_cache(devices)
 
+        bucket = choose_bucket(self.llm.get("prefill_buckets") or [], len(prompt), float(self.llm.get("prefill_bucket_min_fill", 0.0)))
+
         start = time.perf_counter()
         in_callback = 0.0  # the caller's on_token time, left out of prefill and decode
-        if len(prompt) >= int(self.llm["prefill"].get("min_tokens", 2)):
+        if len(prompt) >= 2 and bucket is not None:
+            # The prompt, then pad ids (0) up to the bucket's size: see LlamaPrefillBucket for why that is safe.
+            padded = np.zeros((1, int(bucket["tokens"])), dtype=np.int64)
+            padded[0, :len(prompt)] = prompt
+            run.prefill_function = bucket["function"]
+            out = list(self.module.entry_points[bucket["function"]].call_raw([padded, np.asarray([len(prompt)], dtype=np.int64), *cache]))
+        elif len(prompt) >= int(self.llm["prefill"].get("min_tokens", 2)):
+            run.prefill_function = self.llm["prefill"]["function"]
             out = list(prefill([np.asarray([prompt], dtype=np.int64), *cache]))
         else:  # a one-token prompt is a decode step at position 0
+            run.prefill_function = self.llm["decode"]["function"]
             out = list(decode([np.asarray([prompt], dtype=np.int64), np.ones((1, 1), dtype=np.int64), *cache]))
         length = len(prompt)
         while True:

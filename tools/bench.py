@@ -13,7 +13,9 @@ torch.set_num_threads to it, measures read bandwidth (torch sum over a 256 MiB f
 generate(prompt, --decode tokens), and eager PyTorch (llmc's own Llama with a KV cache:
 LlamaPrefill + LlamaDecode) in each `--eager` dtype. Prefill tok/s = prompt tokens / time to the
 first new token; decode tok/s = decode steps / their time. --weights picks where llmc's weights live
-(llmc.load's weights=; `both` loads each artifact twice, mapped and in huge-page memory). Medians
+(llmc.load's weights=; `both` loads each artifact twice, mapped and in huge-page memory).
+--prefill-buckets N,... builds each dtype a second time with those static-length prefills and times
+both builds in the same rounds. Medians
 are reported, with each llmc figure's ratio to eager f32 and eager bf16 from the same worker, and
 decode as a fraction of its roofline: bandwidth / bytes of weights one decode step streams (every
 parameter but the embedding table, which decode only gathers one row of, at 4/2/1 bytes per weight
@@ -60,6 +62,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--weights", default="auto", choices=("auto", "mmap", "memory", "both"),
                     help="where llmc's weights live (llmc.load weights=; default auto), or both: each artifact twice, "
                          "mapped from its .irpa and read into huge-page memory, alternating")
+    ap.add_argument("--prefill-buckets", default=None, metavar="N,N,...",
+                    help="also build every dtype with these static-length prefill entry points (llmc compile --prefill-buckets) "
+                         "and time both builds in the same run")
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     ap.add_argument("--keep", action="store_true",
                     help="reuse an artifact already in --out (DTYPE.vmfb with its .irpa and .json) instead of compiling it")
@@ -260,20 +265,22 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     artifacts, compile_s = {}, {}
     archs = args.arch or ["host"]
-    for d in args.dtypes:
-        for arch in archs:
-            key = d if len(archs) == 1 else f"{d} [{arch}]"
-            stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
-            if args.keep and (args.out / f"{stem}.vmfb").exists():
-                print(f"bench: reusing {args.out / f'{stem}.vmfb'} (--keep)", file=sys.stderr, flush=True)
-                artifacts[key] = str(args.out / f"{stem}.vmfb")
-                continue
-            print(f"bench: compiling {name} for cpu, --dtype {d} --arch {arch} ...", file=sys.stderr, flush=True)
-            start = time.perf_counter()
-            art = llmc.compile(args.checkpoint or llama, dtype=d, arch=arch, output=args.out / f"{stem}.vmfb", max_seq_len=max_len,
-                               **({"quant_embeddings": True} if d in ("fp8", "int8") else {}))
-            compile_s[key] = time.perf_counter() - start
-            artifacts[key] = str(art.vmfb)
+    builds = [(d, arch, b) for d in args.dtypes for arch in archs for b in ([None, args.prefill_buckets] if args.prefill_buckets else [None])]
+    for d, arch, buckets in builds:
+        key = d if len(archs) == 1 else f"{d} [{arch}]"
+        stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
+        if buckets:
+            key, stem = f"{key} [buckets {buckets}]", f"{stem}-b{buckets.replace(',', '-')}"
+        if args.keep and (args.out / f"{stem}.vmfb").exists():
+            print(f"bench: reusing {args.out / f'{stem}.vmfb'} (--keep)", file=sys.stderr, flush=True)
+            artifacts[key] = str(args.out / f"{stem}.vmfb")
+            continue
+        print(f"bench: compiling {name} for cpu, --dtype {d} --arch {arch} ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        art = llmc.compile(args.checkpoint or llama, dtype=d, arch=arch, output=args.out / f"{stem}.vmfb", max_seq_len=max_len,
+                           prefill_buckets=buckets or "auto", **({"quant_embeddings": True} if d in ("fp8", "int8") else {}))
+        compile_s[key] = time.perf_counter() - start
+        artifacts[key] = str(art.vmfb)
     del llama
     runs = []
     for t in args.threads:

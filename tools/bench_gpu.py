@@ -55,20 +55,22 @@ def plan(target: str) -> list[dict]:
     gpu = target == "cuda"
     cases = []
 
-    def speed(name, config, dtype, flags=(), runtime_flags=(), profile=False, max_len=512, ckpt_dtype=None):
+    def speed(name, config, dtype, flags=(), runtime_flags=(), profile=False, max_len=512, ckpt_dtype=None, compile_args=()):
         cases.append(dict(name=name, kind="speed", config=config, ckpt_dtype=ckpt_dtype or dtype, dtype=dtype,
                           target=target, arch=None, flags=list(flags), runtime_flags=list(runtime_flags),
-                          profile=profile, max_len=max_len))
+                          profile=profile, max_len=max_len, compile_args=list(compile_args)))
 
     def check(name, dtype, target_=None, arch=None):
         cases.append(dict(name=name, kind="check", config="tiny", ckpt_dtype="f32", dtype=dtype, target=target_ or target,
-                          arch=arch, flags=[], runtime_flags=[], profile=False, max_len=256))
+                          arch=arch, flags=[], runtime_flags=[], profile=False, max_len=256, compile_args=[]))
 
     if not gpu:  # the CPU rehearsal: one of each kind
         speed("tiny-f32", "tiny", "f32", max_len=256)
         check("tiny-check-f32", "f32")
         return cases
     speed("small-f16", "small-125m", "f16", profile=True)
+    # The prefill without its static-length buckets (the default on cuda): the dynamic-M matmuls
+    speed("small-f16-dynamic-prefill", "small-125m", "f16", compile_args=["--prefill-buckets", "none"])
     speed("small-f16-graphs", "small-125m", "f16", runtime_flags=["--cuda_use_streams=false"])
     speed("small-f16-O3", "small-125m", "f16", flags=["--iree-opt-level=O3"])
     speed("small-f16-aggressive-fusion", "small-125m", "f16", flags=["--iree-dispatch-creation-enable-aggressive-fusion"])
@@ -82,6 +84,7 @@ def plan(target: str) -> list[dict]:
     speed("small-bf16", "small-125m", "bf16")
     speed("1b-f16", "llama3.2-1b", "f16", profile=True, max_len=1024)
     speed("1b-f16-graphs", "llama3.2-1b", "f16", runtime_flags=["--cuda_use_streams=false"], max_len=1024)
+    speed("1b-f16-dynamic-prefill", "llama3.2-1b", "f16", max_len=1024, compile_args=["--prefill-buckets", "none"])
     for d in ("f32", "f16", "bf16", "fp8", "int8"):
         check(f"tiny-cuda-{d}", d)
     for d in ("f32", "f16"):
@@ -163,7 +166,7 @@ def prepare(args) -> int:
                "--dtype", case["dtype"], "--max-seq-len", str(case["max_len"]), "-o", str(vmfb)]
         if case["arch"]:
             cmd += ["--arch", case["arch"]]
-        cmd += [f"--iree-flag={f}" for f in case["flags"]]
+        cmd += [f"--iree-flag={f}" for f in case["flags"]] + case.get("compile_args", [])
         start = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)
         case["compile_s"] = round(time.perf_counter() - start, 1)
@@ -429,6 +432,7 @@ def llmc_case(case: dict, work: Path, ref: dict, profile: bool) -> dict:
         dec.append(g.decode_seconds / (NEW_TOKENS - 1))
     res["prefill_ms"], res["decode_ms"] = 1e3 * statistics.median(pre), 1e3 * statistics.median(dec)
     res["tokens"] = toks
+    res["prefill_function"] = mod.last_generation.prefill_function
     res["tokens_match"] = _leading_match(toks, ref["tokens"])
     # First logits against PyTorch's (same weights, same dtype on the same device).
     fn = mod.entry_points[mod.manifest["llm"]["prefill"]["function"]]
@@ -549,7 +553,7 @@ def run(args) -> int:
         ref_file.write_text(json.dumps(ref))
         for case in group:
             res = _child(["child", "--case", case["name"], "--ref", str(ref_file), *common], args.timeout)
-            res["case"] = {k: case[k] for k in ("kind", "config", "dtype", "target", "arch", "flags", "runtime_flags")}
+            res["case"] = {k: case.get(k) for k in ("kind", "config", "dtype", "target", "arch", "flags", "runtime_flags", "compile_args")}
             report["cases"][case["name"]] = res
             brief = res.get("error") or {k: round(res[k], 3) for k in ("prefill_ms", "decode_ms", "load_s") if k in res}
             print(f"run: {case['name']}: {brief} tokens {res.get('tokens_match')}/{NEW_TOKENS}", file=sys.stderr, flush=True)
@@ -602,7 +606,8 @@ def markdown(report: dict) -> str:
             step_bytes = ref["streamed_bytes"] + ref["kv_bytes_per_position"] * (PROMPT_LEN + NEW_TOKENS // 2)
             roof = f"{100 * step_bytes / (bw / 2 * 1e9) / (r['decode_ms'] / 1e3):.0f}%"
         kern = (r.get("kernels") or {}).get("decode", {}).get("kernels", "-") if isinstance(r.get("kernels"), dict) else "-"
-        lines.append(f"| {name} | {r['load_s']:.1f} | {r['prefill_ms']:.2f} | {r['decode_ms']:.3f} | {roof} | "
+        entry = f" ({r['prefill_function']})" if r.get("prefill_function") else ""
+        lines.append(f"| {name}{entry} | {r['load_s']:.1f} | {r['prefill_ms']:.2f} | {r['decode_ms']:.3f} | {roof} | "
                      f"{ratio(r['prefill_ms'], e.get('prefill_ms'))}, {ratio(r['decode_ms'], e.get('decode_ms'))} | "
                      f"{ratio(r['prefill_ms'], g.get('prefill_ms'))}, {ratio(r['decode_ms'], g.get('decode_ms'))} | "
                      f"{r['tokens_match']}/{NEW_TOKENS} | {r['logits_max_abs_err']:.2e} / {r['logits_cosine']:.6f} | {kern} |")

@@ -237,6 +237,12 @@ class LlamaPrefill(nn.Module):
         self.llama = llama
 
     def forward(self, tokens, *cache):
+        h, out_cache = self.layers(tokens, cache)
+        logits = self.llama.lm_head(self.llama.model.norm(h[:, -1:, :]))
+        return (logits, *out_cache)
+
+    def layers(self, tokens, cache):
+        """The hidden states of every position after the last layer, and the cache with their K/V written."""
         m = self.llama
         s = tokens.shape[1]
         h = m.embed(tokens)
@@ -253,7 +259,23 @@ class LlamaPrefill(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             h = h + attn.out(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = m.lm_head(m.model.norm(h[:, -1:, :]))
+        return h, out_cache
+
+
+class LlamaPrefillBucket(LlamaPrefill):
+    """prefill over a fixed number of positions: tokens[1, N] (the prompt, then any padding),
+    length[1] (how many are the prompt), *cache -> (logits of position length - 1 [1, 1, vocab], *cache').
+
+    Exported with N fixed, so every matmul has a static M (a dynamic M made IREE's CUDA matmuls ~40x
+    slower: docs/targets.md). Padding is safe at the end only: attention is causal, so no prompt
+    position sees a pad, and the pads' K/V land in cache positions >= length, which decode overwrites
+    (it writes position L - 1 before it reads positions < L) before anything reads them.
+    """
+
+    def forward(self, tokens, length, *cache):
+        h, out_cache = self.layers(tokens, cache)
+        last = h.index_select(1, length - 1)
+        logits = self.llama.lm_head(self.llama.model.norm(last))
         return (logits, *out_cache)
 
 

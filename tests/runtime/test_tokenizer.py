@@ -235,4 +235,6 @@ def test_generation_record():
     assert g.summary() == "4 prompt tokens, prefill 8.0 tok/s; 3 new tokens, decode 8.0 tok/s"
     one = Generation(prompt_ids=[1, 2], tokens=[3], prefill_seconds=0.1)
     assert one.decode_tokens_per_s is None and one.summary().endswith("1 new tokens, decode - tok/s")
-    assert one.as_json() == {"prefill_seconds": 0.1, "decode_seconds": 0.0, "prefill_tokens_per_s": 20.0, "decode_tokens_per_s": None}
+    assert one.as_json() == {"prefill_seconds": 0.1, "decode_seconds": 0.0, "prefill_tokens_per_s": 20.0, "decode_tokens_per_s": None,
+                             "prefill_function": None}
+    assert Generation(prompt_ids=[1], tokens=[2], prefill_function="prefill_128").as_json()["prefill_function"] == "prefill_128"

@@ -51,7 +51,7 @@ def test_run_rebuilds_the_weights_and_matches_eager(prepared, tmp_path):
     assert case["logits_max_abs_err"] <= 1e-4 * case["logits_ref_max_abs"]
     assert case["prefill_ms"] > 0 and case["decode_ms"] > 0
     md = (tmp_path / "out" / "gpu-bench.md").read_text()
-    assert "| tiny-f32 |" in md and "33/33" in md
+    assert "| tiny-f32 (prefill) |" in md and "33/33" in md  # cpu: no buckets by default, the dynamic prefill ran
 
 
 def test_run_refuses_weights_that_differ_from_the_compiled_ones(prepared, tmp_path):
