@@ -4,15 +4,17 @@
     decode(token[1, 1], attention_mask[1, N], k0, v0, ...) -> (logits[1, 1, vocab], k0', v0', ...)
 
 S and N are dynamic, up to --max-seq-len; each cache tensor is [1, n_kv_heads, max_seq_len,
-head_dim] in the compute dtype. Prefill buckets (--prefill-buckets; GPU targets by default) add
+head_dim] in the compute dtype. Prefill buckets (--prefill-buckets; by default on hip and cuda) add
 
     prefill_B(tokens[1, B], length[1], k0, v0, ...) -> (logits of position length - 1, k0', v0', ...)
 
 for fixed sizes B: the prompt padded at the end to B, every matmul with a static M. generate()
 takes the smallest bucket that holds the prompt (and that it fills enough: `min_fill`), else the
 dynamic prefill. Measured on an H200 (docs/targets.md): a 128-token prefill 12.6x faster on a
-1B Llama, 3.3x on the 125M one; on this CPU 1.24x (1 thread) and 1.34x (2 threads). Both functions are exported from the same (converted) model, so
-the weights are one set of parameters in the .irpa. Every returned cache is tied to its input
+1B Llama, 3.3x on the 125M one; on a 2-core EPYC 1.24x (1 thread) and 1.34x (2 threads).
+
+All functions are exported from the same (converted) model, so the weights are one set of
+parameters in the .irpa. Every returned cache is tied to its input
 (`iree.abi.tied`): IREE updates the caller's buffer in place and the runtime keeps the cache on the
 device between calls (docs/architecture.md: zero full-cache copies per step).
 
