@@ -103,6 +103,13 @@ def _sha(b) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
+def _tensor_bytes(t):
+    """A tensor's bytes as a flat uint8 numpy array (bf16 included, which numpy cannot hold as such)."""
+    import torch
+
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
 def _checkpoint_bytes(ckpt: Path) -> dict[str, str]:
     """sha256 of every tensor's bytes in an HF checkpoint folder -> its name."""
     from safetensors import safe_open
@@ -111,8 +118,7 @@ def _checkpoint_bytes(ckpt: Path) -> dict[str, str]:
     for f in sorted(ckpt.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
             for k in st.keys():
-                t = st.get_tensor(k).contiguous()
-                out[_sha(t.reshape(-1).view(__import__("torch").uint8).numpy())] = k
+                out[_sha(_tensor_bytes(st.get_tensor(k)))] = k
     return out
 
 
@@ -214,19 +220,16 @@ def rebuild_archive(case: dict, src: Path, work: Path) -> Path:
     make_checkpoint(case["config"], case["ckpt_dtype"], ckpt)
     recipe = json.loads((src / f"{case['name']}.recipe.json").read_text())["entries"]
     inline = (src / f"{case['name']}.inline.bin").read_bytes()
-    tensors = {}
+    where = {}  # tensor name -> its file (a checkpoint may be sharded)
     for f in sorted(ckpt.glob("*.safetensors")):
-        with safe_open(str(f), framework="np") as st:
-            for k in st.keys():
-                tensors[k] = (f, k)
-    import torch
+        with safe_open(str(f), framework="pt") as st:
+            where.update(dict.fromkeys(st.keys(), f))
 
-    index, keep = rt.ParameterIndex(), []
+    index, keep = rt.ParameterIndex(), []  # keep: add_buffer refers to the arrays until the archive is written
     for e in recipe:
         if "checkpoint" in e:
-            f, k = tensors[e["checkpoint"]]
-            with safe_open(str(f), framework="pt") as st:
-                data = st.get_tensor(k).contiguous().reshape(-1).view(torch.uint8).numpy()
+            with safe_open(str(where[e["checkpoint"]]), framework="pt") as st:
+                data = _tensor_bytes(st.get_tensor(e["checkpoint"]))
         else:
             data = np.frombuffer(inline, dtype=np.uint8, count=e["nbytes"], offset=e["inline"])
         if _sha(data) != e["sha256"]:
@@ -275,7 +278,6 @@ def torch_reference(ckpt: Path, max_len: int, device: str, logits_file: Path) ->
     """Greedy generation in PyTorch on `device`: tokens, first logits, eager and CUDA-graph timings."""
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
     from llmc.models.llama.loaders import load_checkpoint
     from llmc.models.llama.model import Llama, LlamaDecode, LlamaPrefill, new_cache
