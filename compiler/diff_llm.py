@@ -3,7 +3,8 @@
 MODEL is the Llama checkpoint the artifact was compiled from (Meta or HF form). Eager PyTorch runs
 llmc's Llama definition (models/llama, checked against transformers in tests/models) in the
 artifact's dtype through the same prefill/decode wrappers; the compiled module runs its `prefill`
-and `decode` entry points. Both sides are fed the same tokens: a seeded random prompt (`--seq`
+and `decode` entry points, and each prefill bucket (`prefill_N`, the prompt padded to N) where the
+prompt fits. Both sides are fed the same tokens: a seeded random prompt (`--seq`
 tokens, default 17), then eager's greedy choice at each step (teacher forcing), so one early
 disagreement does not cascade into comparing unrelated continuations. Every step's logits are
 compared as logits (max_rel, cosine, top-1/top-k agreement, KL); the report also records whether
@@ -88,6 +89,7 @@ def run(o, overrides: dict):
             ref = LlamaPrefill(llama)(prompt, *new_cache(cfg, max_len, tdt))
         got = mod.prefill(prompt, *module_cache(manifest))
         results.append(diff_metrics.compare("prefill.logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
+        prefill_ref = ref[0]
         got_logits, fed = [got[0]], []  # kept for the fp8 second reference (same_weights below)
         ref_cache, got_cache = ref[1:], got[1:]
         n = prompt.shape[1]
@@ -108,6 +110,16 @@ def run(o, overrides: dict):
             got_logits.append(got[0])
             fed.append((token, mask))
             ref_cache, got_cache = ref[1:], got[1:]
+        # The prefill buckets (--prefill-buckets), which generate() prefers where the prompt fits: the same
+        # prompt padded at the end to each bucket, the logits of its last position against eager's prefill.
+        for b in manifest["llm"].get("prefill_buckets") or []:
+            size = int(b["tokens"])
+            if size < seq:
+                continue
+            padded = torch.zeros(1, size, dtype=torch.int64)
+            padded[:, :seq] = prompt
+            got_b = getattr(mod, b["function"])(padded, torch.tensor([seq]), *module_cache(manifest))
+            results.append(diff_metrics.compare(f"{b['function']}.logits", got_b[0], prefill_ref, tol, logits=True, top_k=o.top_k))
         seconds = time.perf_counter() - start
         located = {}
         if (o.per_layer or o.per_layer_depth is not None) and manifest["llm"].get("tensor_parallel"):

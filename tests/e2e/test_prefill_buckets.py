@@ -180,3 +180,14 @@ def test_cpu_narrow_dtypes_are_refused_unless_fusion_is_off(setup, tmp_path):
     # same weights and math (bf16 weights, f32 math): the two prefills agree to f32 rounding
     assert np.abs(bkt - dyn).max() <= 1e-5 * np.abs(dyn).max()
     assert got[0] == int(np.argmax(dyn))
+
+
+def test_llmc_diff_checks_every_bucket_the_prompt_fits(setup, tmp_path):
+    root, *_ = setup
+    vmfb = root / "b.vmfb"
+    r = subprocess.run([sys.executable, "-m", "llmc.compiler.cli", "diff", str(root / "hf"), str(vmfb), "--seq", "20",
+                        "--steps", "2", "--json", str(tmp_path / "d.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "prefill_64.logits" in r.stdout and "prefill_16.logits" not in r.stdout  # 20 tokens do not fit 16
+    outputs = json.dumps(json.loads((tmp_path / "d.json").read_text()))
+    assert "prefill_64.logits" in outputs
