@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from llmc.compiler import artifacts, export, lower, pipeline
+from llmc.compiler import artifacts, export, lower, pipeline, targets
 from llmc.compiler.artifacts import Artifact
 from llmc.compiler.progress import Phases
 from llmc.errors import UsageError
@@ -85,23 +85,21 @@ def compile_model(
         cpu_dispatch=cpu_dispatch, int8_math=int8_math, tensor_parallel=tensor_parallel, prefill_buckets=prefill_buckets,
     )
     opts.resolve()  # bad target, dtype or quantization options fail before anything is loaded
+    buckets = targets.parse_buckets(prefill_buckets)  # so does a malformed --prefill-buckets
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
         raise UsageError(f"{model}: no such file or directory")
     from llmc.compiler import llm
 
     if llm.is_llm_source(model, example_args, example_kwargs, config):
         return llm.compile_llm(model, opts)
+    what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
     if config is not None:
-        what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
         raise UsageError(f"--config applies to Llama weights files; {what} is not one")
     if max_seq_len is not None:
-        what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
         raise UsageError(f"--max-seq-len applies to Llama checkpoints; {what} is not one")
     if tensor_parallel != 1:
-        what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
         raise UsageError(f"--tensor-parallel applies to Llama checkpoints; {what} is not one")
-    if not (isinstance(prefill_buckets, str) and prefill_buckets.strip().lower() == "auto"):
-        what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
+    if buckets != "auto":
         raise UsageError(f"--prefill-buckets applies to Llama checkpoints; {what} is not one")
     return compile_program(model, tuple(example_args), example_kwargs, dynamic_shapes, opts)
 

@@ -57,8 +57,8 @@ MIN_FILL = {"gpu": 0.0, "cpu": 0.8}
 
 
 def resolve_buckets(spec, target, max_seq_len: int, tensor_parallel: int) -> tuple[int, ...]:
-    """The bucket sizes to export: spec from parse_buckets (or a tuple of ints from the Python API)."""
-    spec = parse_buckets(spec) if isinstance(spec, str) else tuple(sorted(set(int(b) for b in spec)))
+    """The bucket sizes to export for `spec` (anything targets.parse_buckets takes) on this target."""
+    spec = parse_buckets(spec)
     spirv = target.caps.backend == "vulkan-spirv"
     if spec == "auto":
         if target.name == "cpu" or spirv or tensor_parallel > 1:
@@ -85,8 +85,6 @@ def resolve_buckets(spec, target, max_seq_len: int, tensor_parallel: int) -> tup
     if too_long:
         raise UsageError(f"--prefill-buckets: {', '.join(map(str, too_long))} exceed the KV cache (--max-seq-len {max_seq_len}); "
                          "give sizes up to it or raise --max-seq-len")
-    if spec and spec[0] < 2:
-        raise UsageError("--prefill-buckets: each size must be at least 2 tokens")
     return spec
 
 
@@ -249,11 +247,7 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
                 (None, {1: kv_len}, (None,) * n_cache),
             ),
         ):
-            try:
-                ep = torch.export.export(wrapper, args, dynamic_shapes=dyn, strict=False)
-            except Exception as e:
-                msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                raise ExportError(f"torch.export of {name} failed: {type(e).__name__}: {msg}") from e
+            ep = _export(name, wrapper, args, dyn)
             first = 1 if name == "prefill" else 2  # the first cache argument
             devices = {first + i: d for i, d in enumerate(cache_device) if d} if n > 1 else None
             entries.append(lower.Entry(export.Exported(ep, strip_prefix=strip), name, tied=tied[name], logits_output=0,
@@ -261,13 +255,18 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
         for size in prefill_buckets:
             name = f"prefill_{size}"
             args = (torch.zeros(1, size, dtype=torch.int64), torch.tensor([size], dtype=torch.int64), *cache)
-            try:
-                ep = torch.export.export(LlamaPrefillBucket(llama), args, strict=False)
-            except Exception as e:
-                msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                raise ExportError(f"torch.export of {name} failed: {type(e).__name__}: {msg}") from e
+            ep = _export(name, LlamaPrefillBucket(llama), args, None)
             entries.append(lower.Entry(export.Exported(ep, strip_prefix=strip), name, tied=tied["decode"], logits_output=0))
     return entries
+
+
+def _export(name: str, wrapper, args: tuple, dynamic_shapes):
+    """torch.export of one entry point; a failure is an ExportError naming the entry point."""
+    try:
+        return torch.export.export(wrapper, args, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ExportError(f"torch.export of {name} failed: {type(e).__name__}: {msg}") from e
 
 
 def _kept_narrow(target) -> bool | tuple:

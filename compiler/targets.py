@@ -705,15 +705,20 @@ def llvm_cpu_features(arch: str) -> tuple[str, tuple[str, ...]]:
     return attr("cpu"), tuple(sorted(features))
 
 
-def parse_buckets(text: str):
-    """--prefill-buckets: "auto", "none", or token counts "128,512" -> "auto" or a sorted tuple."""
-    t = str(text).strip().lower()
-    if t in ("auto", "none", ""):
-        return "auto" if t == "auto" else ()
+def parse_buckets(spec):
+    """--prefill-buckets: "auto", "none", token counts "128,512", or sizes from the Python API (128, 512)
+    -> "auto" or a sorted tuple of distinct sizes, each at least 2."""
+    if isinstance(spec, str):
+        t = spec.strip().lower()
+        if t in ("auto", "none", ""):
+            return "auto" if t == "auto" else ()
+        items = [x for x in t.split(",") if x.strip()]
+    else:
+        items = list(spec)
     try:
-        sizes = tuple(sorted({int(x) for x in t.split(",") if x.strip()}))
-    except ValueError:
-        raise UsageError(f"--prefill-buckets={text}: give auto, none, or prompt sizes such as 128,512") from None
+        sizes = tuple(sorted({int(x) for x in items}))
+    except (TypeError, ValueError):
+        raise UsageError(f"--prefill-buckets={spec}: give auto, none, or prompt sizes such as 128,512") from None
     if not sizes or sizes[0] < 2:
-        raise UsageError(f"--prefill-buckets={text}: each size must be at least 2 tokens")
+        raise UsageError(f"--prefill-buckets={spec}: each size must be at least 2 tokens")
     return sizes

@@ -556,6 +556,7 @@ def run(args) -> int:
         for case in group:
             res = _child(["child", "--case", case["name"], "--ref", str(ref_file), *common], args.timeout)
             res["case"] = {k: case.get(k) for k in ("kind", "config", "dtype", "target", "arch", "flags", "runtime_flags", "compile_args")}
+            res["ref"] = key  # the PyTorch reference its ratios are taken against
             report["cases"][case["name"]] = res
             brief = res.get("error") or {k: round(res[k], 3) for k in ("prefill_ms", "decode_ms", "load_s") if k in res}
             print(f"run: {case['name']}: {brief} tokens {res.get('tokens_match')}/{NEW_TOKENS}", file=sys.stderr, flush=True)
@@ -592,9 +593,7 @@ def markdown(report: dict) -> str:
              "| case | load s | prefill ms | decode ms | decode % roofline | vs torch eager (prefill, decode) | vs CUDA graph (prefill, decode) | tokens = torch | logits max err / cos | kernels per decode step |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in report["cases"].items():
-        c = r.get("case", {})
-        key = next((k for k in report["refs"] if k.startswith(f"{c.get('config')}-")), None)
-        ref = report["refs"].get(key, {}) if key else {}
+        ref = report["refs"].get(r.get("ref"), {})
         if "error" in r:
             lines.append(f"| {name} | {r['error'][:150]} |||||||||")
             continue

@@ -137,6 +137,12 @@ def test_buckets_refused_with_tensor_parallel_and_for_plain_models(setup, tmp_pa
         llmc.compile(root / "hf", output=tmp_path / "tp.vmfb", max_seq_len=MAX_SEQ, tensor_parallel=2, prefill_buckets=(16,))
     with pytest.raises(UsageError, match="--prefill-buckets applies to Llama checkpoints"):
         llmc.compile(torch.nn.Linear(4, 4), (torch.zeros(1, 4),), output=tmp_path / "lin.vmfb", prefill_buckets=(16,))
+    # the Python API validates sizes as the CLI does (targets.parse_buckets), before the checkpoint is read
+    with pytest.raises(UsageError, match="each size must be at least 2 tokens"):
+        llmc.compile(root / "hf", output=tmp_path / "one.vmfb", max_seq_len=MAX_SEQ, prefill_buckets=(16, 1))
+    with pytest.raises(UsageError, match="give auto, none, or prompt sizes"):
+        llmc.compile(root / "hf", output=tmp_path / "bad.vmfb", max_seq_len=MAX_SEQ, prefill_buckets=("a",))
+    assert not list(tmp_path.iterdir())
 
 
 def test_vulkan_f32_bucket_matches_transformers_on_lavapipe(setup, tmp_path):

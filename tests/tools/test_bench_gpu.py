@@ -48,6 +48,7 @@ def test_run_rebuilds_the_weights_and_matches_eager(prepared, tmp_path):
     assert "error" not in case, case
     # f32 on both sides, same weights: every greedy token equal, logits to f32 rounding.
     assert case["tokens_match"] == 33
+    assert case["ref"] in report["refs"] and report["refs"][case["ref"]]["config"] == "tiny"  # ratios taken against its own reference
     assert case["logits_max_abs_err"] <= 1e-4 * case["logits_ref_max_abs"]
     assert case["prefill_ms"] > 0 and case["decode_ms"] > 0
     md = (tmp_path / "out" / "gpu-bench.md").read_text()
