@@ -75,12 +75,11 @@ def resolve_buckets(spec, target, max_seq_len: int, tensor_parallel: int) -> tup
                          "prefills with its dynamic entry point)")
     fusion = [f.partition("=")[2] or "true" for f in target.iree_flags if f.startswith("--iree-dispatch-creation-enable-aggressive-fusion")]
     if spec and target.name == "cpu" and fusion and fusion[-1] in ("true", "1"):
-        # cpu bf16/fp8/int8 turn on aggressive fusion for the decode's fused weight decode (targets._NARROW_CPU_FLAGS);
-        # IREE 3.13 then fails on a static-length prefill (tiny Llama, bucket 128, every narrow dtype): "'iree_linalg_ext.map_store'
-        # op write affecting operations on global resources are restricted to workgroup distributed contexts".
-        raise UsageError(f"--prefill-buckets: not available on cpu with --dtype {target.dtype}: IREE 3.13 fails to compile a static-length "
-                         "prefill under the aggressive fusion this dtype's decode uses; leave it out, or add "
-                         "--iree-flag=--iree-dispatch-creation-enable-aggressive-fusion=false (slower decode)")
+        # IREE 3.13 with aggressive fusion, tiny Llama, bucket 128, f32 and bf16 alike: the V projection's unpack is stored
+        # (the cache rows) and broadcast in one dispatch, and its codegen fails: "'iree_linalg_ext.map_store' op write
+        # affecting operations on global resources are restricted to workgroup distributed contexts".
+        raise UsageError("--prefill-buckets: not available on cpu with --iree-flag=--iree-dispatch-creation-enable-aggressive-fusion: "
+                         "IREE 3.13 fails to compile a static-length prefill with it; drop that flag or the buckets")
     too_long = [b for b in spec if b > max_seq_len]
     if too_long:
         raise UsageError(f"--prefill-buckets: {', '.join(map(str, too_long))} exceed the KV cache (--max-seq-len {max_seq_len}); "

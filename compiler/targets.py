@@ -525,11 +525,10 @@ def resolve(
 _NARROW_FLAGS = ["--iree-opt-const-expr-max-size-increase-threshold=0"]
 
 
-# On cpu the fp8-weights and bf16-weights passes write a decode step's linear as an elementwise
-# product and a sum over K of packed weights; IREE fuses a producer into a reduction's input (not its
-# init) only with aggressive fusion, and without the fusion each call writes the decoded f32 weight
-# to memory first.
-_NARROW_CPU_FLAGS = ["--iree-dispatch-creation-enable-aggressive-fusion=true"]
+# Narrow weights on cpu do not turn on --iree-dispatch-creation-enable-aggressive-fusion (they did
+# until 2026-11-26): the decode's weight decode fuses into its one-row reductions without it, an A/B
+# measured no gain from it, and with it IREE 3.13 fails on static-length prefills (docs/targets.md,
+# "bf16 on cpu").
 
 
 _DEVICE_FLAG = "--iree-hal-target-device="
@@ -549,7 +548,7 @@ def _on_devices(flags: list[str], n: int) -> list[str]:
 
 def _flags(caps: TargetCaps, arch: str, dtype: str, compute: str, dynamic: bool) -> list[str]:
     narrow = dtype in ("fp8", "int8") or (dtype == "bf16" and compute == "f32")  # weights stored narrower than computed
-    extra = (_NARROW_FLAGS + (_NARROW_CPU_FLAGS if caps.backend == "llvm-cpu" else [])) if narrow else []
+    extra = _NARROW_FLAGS if narrow else []
     return _target_flags(caps, arch, dtype, compute, dynamic) + extra
 
 

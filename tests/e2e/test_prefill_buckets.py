@@ -165,15 +165,12 @@ def test_spirv_f16_buckets_are_refused(setup, tmp_path):
             llmc.compile(root / "hf", target=target, dtype="f16", output=tmp_path / "v.vmfb", max_seq_len=MAX_SEQ, prefill_buckets=(64,))
 
 
-def test_cpu_narrow_dtypes_are_refused_unless_fusion_is_off(setup, tmp_path):
-    """IREE 3.13 fails on a static-length prefill under aggressive fusion (cpu bf16/fp8/int8): refused
-    with a way out; with the fusion turned off the bucket compiles and matches the dynamic prefill."""
+@pytest.mark.parametrize("dtype", ["bf16", "fp8", "int8"])
+def test_cpu_narrow_dtype_bucket_matches_its_dynamic_prefill(setup, tmp_path, dtype):
+    """bf16/fp8/int8 weights on cpu: the bucket computes what the dynamic prefill does (same narrow
+    weights, same f32 math) and generate uses it."""
     root, config, _, _ = setup
-    for dtype in ("bf16", "fp8", "int8"):
-        with pytest.raises(UsageError, match=f"not available on cpu with --dtype {dtype}"):
-            llmc.compile(root / "hf", dtype=dtype, output=tmp_path / "n.vmfb", max_seq_len=MAX_SEQ, prefill_buckets=(16,))
-    art = llmc.compile(root / "hf", dtype="bf16", output=tmp_path / "b.vmfb", max_seq_len=MAX_SEQ, prefill_buckets=(16,),
-                       extra_iree_flags=("--iree-dispatch-creation-enable-aggressive-fusion=false",))
+    art = llmc.compile(root / "hf", dtype=dtype, output=tmp_path / "n.vmfb", max_seq_len=MAX_SEQ, prefill_buckets=(16,))
     mod = llmc.load(art)
     prompt = _prompt(16, config.vocab_size)
     got = mod.generate(prompt, 8, stop_at_eos=False)
@@ -183,9 +180,18 @@ def test_cpu_narrow_dtypes_are_refused_unless_fusion_is_off(setup, tmp_path):
     dyn = mod.host(mod.entry_points["prefill"].call_raw([np.asarray([prompt], dtype=np.int64), *zeros])[0])
     zeros = [np.zeros(spec["shape"], dtype=np.float32) for _ in range(spec["count"])]
     bkt = mod.host(mod.entry_points["prefill_16"].call_raw([np.asarray([prompt], dtype=np.int64), np.asarray([16]), *zeros])[0])
-    # same weights and math (bf16 weights, f32 math): the two prefills agree to f32 rounding
+    # the two prefills agree to f32 rounding (matmul blocking differs between a static and a dynamic M)
     assert np.abs(bkt - dyn).max() <= 1e-5 * np.abs(dyn).max()
     assert got[0] == int(np.argmax(dyn))
+
+
+def test_cpu_buckets_with_aggressive_fusion_are_refused(setup, tmp_path):
+    """IREE 3.13 fails on a static-length prefill under aggressive fusion (any dtype): refused in one line."""
+    root, *_ = setup
+    with pytest.raises(UsageError, match="not available on cpu with --iree-flag=--iree-dispatch-creation-enable-aggressive-fusion"):
+        llmc.compile(root / "hf", dtype="f32", output=tmp_path / "n.vmfb", max_seq_len=MAX_SEQ, prefill_buckets=(16,),
+                     extra_iree_flags=("--iree-dispatch-creation-enable-aggressive-fusion",))
+    assert not (tmp_path / "n.vmfb").exists()
 
 
 def test_llmc_diff_checks_every_bucket_the_prompt_fits(setup, tmp_path):
