@@ -163,10 +163,12 @@ def worker(spec: dict) -> dict:
     prompt, n_new, max_len = spec["prompt_ids"], spec["decode"], spec["max_len"]
     bw = bandwidth_gb_s()
     samples = {name: {"prefill": [], "decode": []} for name in [*mods, *eager]}
+    prefill_functions = {name: set() for name in mods}  # which entry point each llmc prefill ran (a bucket or not)
     for rep in range(spec["reps"] + 1):  # round 0 warms up and is dropped
         for name, mod in mods.items():
             mod.generate(prompt, n_new, stop_at_eos=False)
             g = mod.last_generation
+            prefill_functions[name].add(g.prefill_function)
             if rep:
                 samples[name]["prefill"].append(g.prefill_tokens_per_s)
                 samples[name]["decode"].append(g.decode_tokens_per_s)
@@ -177,7 +179,8 @@ def worker(spec: dict) -> dict:
                 samples[name]["decode"].append(d)
         print(f"  threads {threads}: round {rep}/{spec['reps']} done", file=sys.stderr, flush=True)
     return {"threads": threads, "bandwidth_gb_s": bw, "samples": samples,
-            "weights": {name: [mod.weights, mod.weights_reason] for name, mod in mods.items()}}
+            "weights": {name: [mod.weights, mod.weights_reason] for name, mod in mods.items()},
+            "prefill_functions": {name: sorted(f) for name, f in prefill_functions.items()}}
 
 
 def summarize(result: dict, streamed: int) -> list[dict]:

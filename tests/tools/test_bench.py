@@ -17,7 +17,8 @@ BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench.py"
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run([sys.executable, str(BENCH), "--config", "tiny", "--dtypes", "fp8", "--threads", "1", "--prompt", "8",
-                           "--decode", "4", "--reps", "1", "--out", str(out)], capture_output=True, text=True, timeout=900)
+                           "--decode", "4", "--reps", "1", "--prefill-buckets", "8", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return out, json.loads((out / "bench.json").read_text()), proc.stdout
 
@@ -25,7 +26,7 @@ def report(tmp_path_factory):
 def test_rows_are_the_medians_of_the_samples_and_ratios_of_the_rows(report):
     _, rep, _ = report
     (run,) = rep["runs"]
-    assert run["threads"] == 1 and set(run["samples"]) == {"llmc fp8", "eager f32", "eager bf16"}
+    assert run["threads"] == 1 and set(run["samples"]) == {"llmc fp8", "llmc fp8 [buckets 8]", "eager f32", "eager bf16"}
     rows = {(r["phase"], r["engine"]): r for r in rep["rows"]}
     assert set(rows) == {(p, e) for p in ("prefill", "decode") for e in run["samples"]}
     for (phase, engine), r in rows.items():
@@ -49,7 +50,7 @@ def test_decode_roofline_uses_the_streamed_weight_bytes(report):
     assert bw > 0.1
     for r in rep["rows"]:
         if r["phase"] == "decode":
-            per_weight = {"fp8": 1, "f32": 4, "bf16": 2}[r["engine"].split()[-1]]
+            per_weight = {"fp8": 1, "f32": 4, "bf16": 2}[r["engine"].split()[1]]
             assert r["roofline_tok_s"] == pytest.approx(bw * 1e9 / (rep["streamed_parameters"] * per_weight))
             assert r["pct_roofline"] == pytest.approx(100 * r["tok_s"] / r["roofline_tok_s"])
         else:
@@ -63,7 +64,17 @@ def test_table_and_plot_are_written(report):
         assert f"| {r['phase']} | {r['engine']} | 1 | {r['tok_s']:.1f} |" in table
     assert table in stdout  # printed too
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "fp8.vmfb").exists() and not list(out.glob("*.tmp"))
+    assert (out / "fp8.vmfb").exists() and (out / "fp8-b8.vmfb").exists() and not list(out.glob("*.tmp"))
+
+
+def test_the_bucket_build_prefills_with_its_bucket(report):
+    """--prefill-buckets builds each dtype twice; the second's rows are timed on its prefill_N entry
+    point (the 8-token prompt fills bucket 8), the first's on the dynamic prefill."""
+    out, rep, _ = report
+    (run,) = rep["runs"]
+    assert run["prefill_functions"] == {"llmc fp8": ["prefill"], "llmc fp8 [buckets 8]": ["prefill_8"]}
+    buckets = json.loads((out / "fp8-b8.json").read_text())["llm"]["prefill_buckets"]
+    assert [b["tokens"] for b in buckets] == [8]
 
 
 @pytest.mark.parametrize("args, message", [
