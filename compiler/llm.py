@@ -73,8 +73,9 @@ def resolve_buckets(spec, target, max_seq_len: int, tensor_parallel: int) -> tup
     if spec and tensor_parallel > 1:
         raise UsageError("--prefill-buckets: not available with --tensor-parallel yet; leave it out (the split module "
                          "prefills with its dynamic entry point)")
+    # the flag's last value wins; LLVM reads a bare flag as true and takes true/True/TRUE/1
     fusion = [f.partition("=")[2] or "true" for f in target.iree_flags if f.startswith("--iree-dispatch-creation-enable-aggressive-fusion")]
-    if spec and target.name == "cpu" and fusion and fusion[-1] in ("true", "1"):
+    if spec and target.name == "cpu" and fusion and fusion[-1].lower() in ("true", "1"):
         # IREE 3.13 with aggressive fusion, tiny Llama, bucket 128, f32 and bf16 alike: the V projection's unpack is stored
         # (the cache rows) and broadcast in one dispatch, and its codegen fails: "'iree_linalg_ext.map_store' op write
         # affecting operations on global resources are restricted to workgroup distributed contexts".

@@ -201,13 +201,14 @@ class Generator:
 
         start = time.perf_counter()
         in_callback = 0.0  # the caller's on_token time, left out of prefill and decode
-        if len(prompt) >= 2 and bucket is not None:
+        min_tokens = int(self.llm["prefill"].get("min_tokens", 2))  # a shorter prompt is a decode step
+        if len(prompt) >= min_tokens and bucket is not None:
             # The prompt, then pad ids (0) up to the bucket's size: see LlamaPrefillBucket for why that is safe.
             padded = np.zeros((1, int(bucket["tokens"])), dtype=np.int64)
             padded[0, :len(prompt)] = prompt
             run.prefill_function = bucket["function"]
             out = list(self.module.entry_points[bucket["function"]].call_raw([padded, np.asarray([len(prompt)], dtype=np.int64), *cache]))
-        elif len(prompt) >= int(self.llm["prefill"].get("min_tokens", 2)):
+        elif len(prompt) >= min_tokens:
             run.prefill_function = self.llm["prefill"]["function"]
             out = list(prefill([np.asarray([prompt], dtype=np.int64), *cache]))
         else:  # a one-token prompt is a decode step at position 0

@@ -113,20 +113,22 @@ def test_cpu_gets_none_by_default(setup, tmp_path):
     assert m["llm"]["prefill_buckets"] == [] and "prefill_16" not in m["entry_points"]
 
 
-@pytest.mark.parametrize("value, needle", [
-    ("abc", "give auto, none, or prompt sizes"),
-    ("1", "at least 2 tokens"),
-    ("64,512", "512 exceed the KV cache (--max-seq-len 128)"),
+@pytest.mark.parametrize("value, needle, extra", [
+    ("abc", "give auto, none, or prompt sizes", []),
+    ("1", "at least 2 tokens", []),
+    ("64,512", "512 exceed the KV cache (--max-seq-len 128)", []),
+    ("64", "not available on cpu with --iree-flag=--iree-dispatch-creation-enable-aggressive-fusion",
+     ["--iree-flag=--iree-dispatch-creation-enable-aggressive-fusion=True"]),
 ])
-def test_bad_buckets_are_refused_with_one_line(setup, tmp_path, value, needle):
+def test_bad_buckets_are_refused_with_one_line(setup, tmp_path, value, needle, extra):
     root, *_ = setup
     r = subprocess.run([sys.executable, "-m", "llmc.compiler.cli", "compile", str(root / "hf"), "--max-seq-len", "128",
-                        "--prefill-buckets", value, "-o", str(tmp_path / "x.vmfb")], capture_output=True, text=True)
+                        "--prefill-buckets", value, *extra, "-o", str(tmp_path / "x.vmfb")], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert [l for l in lines if l.startswith("llmc: error")] == lines[-1:]
-    if value != "64,512":  # a malformed value answers before the checkpoint is read; a too-long one needs its config
+    if value in ("abc", "1"):  # a malformed value answers before the checkpoint is read; the others need the target or config
         assert len(lines) == 1
     assert not list(tmp_path.iterdir())
 
