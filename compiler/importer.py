@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from llmc import dtypes
+from llmc.compiler import ukernels
 from llmc.errors import CompileError
 from llmc.passes._scratch import _trim_heap, file_mappings, is_file_backed, unmodified_file_pages
 
@@ -314,6 +315,7 @@ def import_programs(programs, tied_results: dict[str, dict[int, int]] | None = N
         except Exception as e:
             raise CompileError(f"torch-mlir FX import of {func_name} failed: {type(e).__name__}: {e}") from e
     _lower_transfers(importer.module)
+    ukernels.lower_calls(importer.module)
     diagnostics: list[str] = []
 
     def collect(d) -> bool:

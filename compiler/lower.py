@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from llmc import dtypes
-from llmc.compiler import artifacts, cpu_variants, export, importer, iree, pipeline, targets
+from llmc.compiler import artifacts, cpu_variants, export, importer, iree, pipeline, targets, ukernels
 from llmc.compiler.artifacts import Artifact
 from llmc.compiler.progress import Phases
 from llmc.errors import UnsupportedTargetError, UsageError
@@ -234,6 +234,10 @@ def lower_module(
         if target.module_target:
             _write_device_targets(module, target.module_target)
         mlir = str(module)
+        linked = ukernels.link(mlir)
+        if dump is not None and linked is not mlir:
+            dump("cpu-kernels", lambda: linked)  # the text iree-compile gets: the kernels' dispatches and executable
+        mlir = linked
     return Lowered(mlir, store, mutable, signatures, plan, target)
 
 

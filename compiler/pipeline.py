@@ -26,6 +26,9 @@ import llmc.passes  # noqa: F401  (registers every pass)
 from llmc.errors import PassError
 from llmc.passes._base import REGISTRY, DecompositionPass, PassContext
 from llmc.passes._base import PassError as _PassRefusal
+from llmc.passes._packed import KERNEL_OPTION
+
+_KERNEL_DTYPES = ("fp8", "int8", "bf16")  # whose cpu weights are packed (passes/_packed.py)
 
 log = logging.getLogger("llmc.pipeline")
 
@@ -102,8 +105,16 @@ def build(target, options: dict | None = None, only: list[str] | None = None) ->
     """
     from llmc.passes._scratch import Scratch
 
-    ctx = PassContext(target=target, dtype=target.dtype, options={**dict(getattr(target, "pass_options", ())), **dict(options or {})},
-                      scratch=Scratch())
+    opts = {**dict(getattr(target, "pass_options", ())), **dict(options or {})}
+    if KERNEL_OPTION not in opts and getattr(target, "dtype", None) in _KERNEL_DTYPES:
+        from llmc.compiler import ukernels
+
+        why_not = ukernels.unavailable(target)
+        if why_not:
+            (log.warning if why_not.startswith(ukernels.NO_COMPILER) else log.info)(
+                "cpu matvec kernels not used (decode steps slower): %s", why_not)
+        opts[KERNEL_OPTION] = why_not is None
+    ctx = PassContext(target=target, dtype=target.dtype, options=opts, scratch=Scratch())
     phases = {"source": [], "graph": [], "ir": []}
     skipped = []
     names = [*SOURCE_PASSES, *GRAPH_PASSES, *IR_PASSES]

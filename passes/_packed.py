@@ -14,6 +14,9 @@ a multiple of G), G output channels per group: 8 by default (fp8, int8), 16 for 
   G = 8; docs/targets.md, "bf16 on cpu"). Splitting K into
   (K/4, 4) leaves 4 independent partial sums per channel: with one, every K step's multiply-add
   waited for the previous one (latency-bound: 1.3x llmc f32 on a 4096x4096 fp8 matvec; 3.2x with 4).
+  Where compiler/ukernels.py's C kernels serve the target (ctx.options[KERNEL_OPTION]: llvm-cpu,
+  AVX2 + FMA, a C compiler), the sum is instead `llmc::matvec_<kind>(x, P)` -> [1, N] (same decode,
+  scale after it; docs/targets.md "cpu matvec kernels"): 1.22x bf16 decode, 1.1-1.25x 8B fp8.
 - an embedding (a table tied to the output head): each row's codes are gathered from the packed
   layout (the row's group of G rows, then every G-th code) and only those are decoded.
 - every other use (multi-row products): the whole weight decoded and unpacked to [N, K] ahead of
@@ -36,6 +39,36 @@ _aten = torch.ops.aten
 
 PACK = 8  # default output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
 KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
+KERNEL_OPTION = "matvec_kernels"  # ctx.options: True when compiler/ukernels.py's kernels serve this target
+
+
+def _decode_codes(kind: str, p: torch.Tensor) -> torch.Tensor:
+    """Packed codes -> f32, as the graph's decode and the C kernel compute them (fp8: value x 2^-120)."""
+    if kind == "bf16":
+        return (p.to(torch.int32) << 16).view(torch.float32)
+    if kind == "int8":
+        return p.to(torch.float32)
+    b = p.to(torch.int32)
+    return (((b & 0x80) << 24) | ((b & 0x7F) << 20)).view(torch.float32)
+
+
+def _define_kernel_op(kind: str):
+    """`llmc::matvec_<kind>(x[1, K] f32, P[N/G, K, G]) -> [1, N] f32`: the unscaled one-row product over
+    packed codes. Eager: decode and sum in torch. Compiled: compiler/ukernels.py's C kernel."""
+
+    @torch.library.custom_op(f"llmc::matvec_{kind}", mutates_args=())
+    def op(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        w = _decode_codes(kind, p)  # [N/G, K, G]
+        return torch.einsum("k,bkg->bg", x.reshape(-1).float(), w).reshape(1, -1)
+
+    @op.register_fake
+    def _(x, p):
+        return x.new_empty(1, p.shape[0] * p.shape[2], dtype=torch.float32)
+
+    return getattr(torch.ops.llmc, f"matvec_{kind}").default
+
+
+KERNEL_OPS = {kind: _define_kernel_op(kind) for kind in ("fp8", "int8", "bf16")}
 
 
 def padded(n: int, group: int = PACK) -> int:
@@ -56,7 +89,7 @@ def unpack(p: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *, scale=None, per_row: bool = True,
-                 rows_dec: Callable | None = None, group: int = PACK) -> int:
+                 rows_dec: Callable | None = None, group: int = PACK, kernel: str | None = None) -> int:
     """Rewrite every use of the packed weight `node` (originally [N, K] = `shape`) as described above.
 
     dec(graph, codes_node) -> f32 node: the decode of stored codes, emitted at the insertion point.
@@ -66,6 +99,8 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
         ([*ids, K]) and its ids; default dec(codes) (times the rows' scales).
     outputs: the program's output specs (an output found by node name is renamed with its node).
     group: output channels per packed group, as `pack(w, group)` stored it.
+    kernel: "fp8", "int8" or "bf16": one-row products become `llmc::matvec_<kernel>(x, P)` (the same
+        unscaled sum, run by compiler/ukernels.py's C kernel); `dec` must decode as that kind does.
     Returns the number of one-row products.
     """
     call = graph.call_function
@@ -86,11 +121,16 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
         if x is None:
             continue
         with graph.inserting_before(product):
-            lanes = KSPLIT if k % KSPLIT == 0 else 1
-            w = call(_aten.view.default, (decode(), [npad // group, k // lanes, lanes, group]))
-            prod = call(_aten.mul.Tensor, (call(_aten.view.default, (x, [1, k // lanes, lanes, 1])), w))
-            y = call(_aten.sum.dim_IntList, (call(_aten.sum.dim_IntList, (prod, [1])), [1]))
-            y = call(_aten.view.default, (y, [1, npad]))
+            fake_x = x.meta.get("val")
+            if kernel is not None and fake_x is not None and fake_x.dtype == torch.float32:
+                y = call(KERNEL_OPS[kernel], (x, node))
+                decoders.add(y)
+            else:
+                lanes = KSPLIT if k % KSPLIT == 0 else 1
+                w = call(_aten.view.default, (decode(), [npad // group, k // lanes, lanes, group]))
+                prod = call(_aten.mul.Tensor, (call(_aten.view.default, (x, [1, k // lanes, lanes, 1])), w))
+                y = call(_aten.sum.dim_IntList, (call(_aten.sum.dim_IntList, (prod, [1])), [1]))
+                y = call(_aten.view.default, (y, [1, npad]))
             if npad != n:
                 y = call(_aten.slice.Tensor, (y, 1, 0, n))
             if scale is not None:

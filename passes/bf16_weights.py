@@ -89,9 +89,12 @@ class Bf16WeightsPass(GraphPass):
             table[name] = torch.nn.Parameter(bits, requires_grad=False) if spec.kind == InputKind.PARAMETER else bits
             if packed:
                 fake = node.meta.get("val")
-                rows = _packed.rewrite_uses(graph, node, tuple(tensor.shape), _emit_widen, sig.output_specs, group=PACK)
+                kernel = "bf16" if self.ctx.options.get(_packed.KERNEL_OPTION) else None
+                rows = _packed.rewrite_uses(graph, node, tuple(tensor.shape), _emit_widen, sig.output_specs, group=PACK,
+                                            kernel=kernel)
                 _packed.propagate_fake(graph, node, None, fake, bits, None)
-                self.stats.rewrite("packed" + (f", {rows} one-row product(s) as a reduction" if rows else ""))
+                how = "C kernel calls" if kernel else "a reduction"
+                self.stats.rewrite("packed" + (f", {rows} one-row product(s) as {how}" if rows else ""))
             else:
                 self._widen_at_uses(graph, node, sig.output_specs)
                 self.stats.rewrite()

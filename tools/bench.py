@@ -44,6 +44,9 @@ import torch
 
 BYTES_PER_WEIGHT = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1, "int8": 1}
 TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16}
+KERNEL_DTYPES = ("fp8", "int8", "bf16")  # dtypes whose decode steps use compiler/ukernels.py's kernels
+KERNEL_CHOICES = {"on": (True,), "off": (False,), "both": (True, False)}
+KERNEL_ENV = "LLMC_CPU_KERNELS"
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -65,6 +68,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--prefill-buckets", default=None, metavar="N,N,...",
                     help="also build every dtype with these static-length prefill entry points (llmc compile --prefill-buckets) "
                          "and time both builds in the same run")
+    ap.add_argument("--kernels", default="on", choices=("on", "off", "both"),
+                    help="cpu matvec kernels for fp8/int8/bf16 weights (compiler/ukernels.py; off = LLMC_CPU_KERNELS=off), "
+                         "or both: each such dtype built with and without them, timed in the same run")
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     ap.add_argument("--keep", action="store_true",
                     help="reuse an artifact already in --out (DTYPE.vmfb with its .irpa and .json) instead of compiling it")
@@ -268,20 +274,32 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     artifacts, compile_s = {}, {}
     archs = args.arch or ["host"]
-    builds = [(d, arch, b) for d in args.dtypes for arch in archs for b in ([None, args.prefill_buckets] if args.prefill_buckets else [None])]
-    for d, arch, buckets in builds:
+    builds = [(d, arch, b, kern) for d in args.dtypes for arch in archs
+              for b in ([None, args.prefill_buckets] if args.prefill_buckets else [None])
+              for kern in (KERNEL_CHOICES[args.kernels] if d in KERNEL_DTYPES else (True,))]
+    for d, arch, buckets, kern in builds:
         key = d if len(archs) == 1 else f"{d} [{arch}]"
         stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
         if buckets:
             key, stem = f"{key} [buckets {buckets}]", f"{stem}-b{buckets.replace(',', '-')}"
+        if not kern:
+            key, stem = f"{key} [no kernels]", f"{stem}-nokernels"
         if args.keep and (args.out / f"{stem}.vmfb").exists():
             print(f"bench: reusing {args.out / f'{stem}.vmfb'} (--keep)", file=sys.stderr, flush=True)
             artifacts[key] = str(args.out / f"{stem}.vmfb")
             continue
         print(f"bench: compiling {name} for cpu, --dtype {d} --arch {arch} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        art = llmc.compile(args.checkpoint or llama, dtype=d, arch=arch, output=args.out / f"{stem}.vmfb", max_seq_len=max_len,
-                           prefill_buckets=buckets or "auto", **({"quant_embeddings": True} if d in ("fp8", "int8") else {}))
+        saved = os.environ.get(KERNEL_ENV)
+        os.environ[KERNEL_ENV] = "on" if kern else "off"
+        try:
+            art = llmc.compile(args.checkpoint or llama, dtype=d, arch=arch, output=args.out / f"{stem}.vmfb", max_seq_len=max_len,
+                               prefill_buckets=buckets or "auto", **({"quant_embeddings": True} if d in ("fp8", "int8") else {}))
+        finally:
+            if saved is None:
+                os.environ.pop(KERNEL_ENV)
+            else:
+                os.environ[KERNEL_ENV] = saved
         compile_s[key] = time.perf_counter() - start
         artifacts[key] = str(art.vmfb)
     del llama

@@ -1,8 +1,10 @@
 # RUN: %python %s %t.pt2 %t.row.pt2
 # RUN: llmc-opt %t.pt2 --pipeline --target cpu --dtype bf16 --stats 2> %t.stats | filecheck %s
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
-# RUN: llmc-opt %t.row.pt2 --pipeline --target cpu --dtype bf16 --stats 2> %t.row.stats | filecheck %s --check-prefix=ROW
+# RUN: env LLMC_CPU_KERNELS=off llmc-opt %t.row.pt2 --pipeline --target cpu --dtype bf16 --stats 2> %t.row.stats | filecheck %s --check-prefix=ROW
 # RUN: filecheck %s --check-prefix=ROWSTATS < %t.row.stats
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype bf16 --stats 2> %t.krow.stats | filecheck %s --check-prefix=KROW
+# RUN: filecheck %s --check-prefix=KROWSTATS < %t.krow.stats
 # bf16 on cpu: f32 math, bf16 weights stored as their int16 bits. A linear weight [N, K] is stored
 # packed, [ceil(N/16), K, 16] (N = 12 padded to 16 with zero rows; bf16's group is 16 channels): with two input rows it is widened
 # (int32 << 16, read as f32) and unpacked to [N, K] for the f32 matmul; with one row (a decode step)
@@ -57,3 +59,13 @@ torch.export.save(torch.export.export(M(), (torch.tensor([3]),)), sys.argv[2])
 # ROW:         return
 
 # ROWSTATS:    "packed, 1 one-row product(s) as a reduction": 1
+
+# KROW-LABEL:  func.func @main
+# KROW-NOT:    torch.aten.mm
+# KROW:        call @__llmc_matvec_bf16_1x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<1x16x16xi16>) -> tensor<1x16xf32>
+# KROW:        torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[1,12],f32>
+# KROW-NOT:    torch.aten.sum.dim_IntList
+# KROW:        flow.dispatch @__llmc_kernels::@matvec_bf16
+# KROW:        func.call @llmc_matvec_bf16(
+
+# KROWSTATS:   "packed, 1 one-row product(s) as C kernel calls": 1

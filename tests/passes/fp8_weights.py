@@ -1,8 +1,10 @@
 # RUN: %python %s %t.pt2 %t.row.pt2
 # RUN: llmc-opt %t.pt2 --pipeline --target cpu --dtype fp8 --stats 2> %t.stats | filecheck %s
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
-# RUN: llmc-opt %t.row.pt2 --pipeline --target cpu --dtype fp8 --stats 2> %t.row.stats | filecheck %s --check-prefix=ROW
+# RUN: env LLMC_CPU_KERNELS=off llmc-opt %t.row.pt2 --pipeline --target cpu --dtype fp8 --stats 2> %t.row.stats | filecheck %s --check-prefix=ROW
 # RUN: filecheck %s --check-prefix=ROWSTATS < %t.row.stats
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype fp8 --stats 2> %t.krow.stats | filecheck %s --check-prefix=KROW
+# RUN: filecheck %s --check-prefix=KROWSTATS < %t.krow.stats
 # RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx942 --dtype fp8 | filecheck %s --check-prefix=FNUZ
 # RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx950 --dtype fp8 | filecheck %s --check-prefix=FN
 # Both linear weights become 1-byte parameters with an f32 scale per output row. cpu has no fp8
@@ -59,6 +61,19 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 # ROW:         return
 
 # ROWSTATS:    "per-channel software, packed, 1 one-row product(s) as a reduction": 2
+
+# KROW-LABEL:  func.func @main(%arg0: !torch.vtensor<[1,16],f32>)
+# KROW-NOT:    torch.aten.mm
+# KROW:        call @__llmc_matvec_fp8_4x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<4x16x8xi8>) -> tensor<1x32xf32>
+# KROW:        torch.aten.mul.Tensor {{.*}} : !torch.vtensor<[1,32],f32>, !torch.vtensor<[1,32],f32> -> !torch.vtensor<[1,32],f32>
+# KROW:        call @__llmc_matvec_fp8_1x32(%{{.*}}, %{{.*}}) : (tensor<1x32xf32>, tensor<1x32x8xi8>) -> tensor<1x8xf32>
+# KROW-NOT:    torch.aten.sum.dim_IntList
+# KROW:        func.func private @__llmc_matvec_fp8_4x16(%x: tensor<1x16xf32>, %p: tensor<4x16x8xi8>) -> tensor<1x32xf32>
+# KROW:        flow.dispatch @__llmc_kernels::@matvec_fp8[%g, %per](%x, %p, %k, %g, %per)
+# KROW:        stream.executable private @__llmc_kernels attributes {hal.executable.objects = #hal.executable.objects<{#hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {}> = [#hal.executable.object<{path = "{{.*}}matvec_x86_64-{{[0-9a-f]+}}.o"}>]}>}
+# KROW:        func.call @llmc_matvec_fp8(%x, %p, %y, %k, %g, %per, %wg)
+
+# KROWSTATS:   "per-channel software, packed, 1 one-row product(s) as C kernel calls": 2
 
 # FNUZ:        torch.aten.view.dtype {{.*}} -> !torch.vtensor<[32,16],f8E4M3FNUZ>
 # FNUZ:        torch.aten.to.dtype {{.*}} -> !torch.vtensor<[32,16],f16>

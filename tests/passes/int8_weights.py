@@ -1,8 +1,10 @@
 # RUN: %python %s %t.pt2 %t.row.pt2
 # RUN: llmc-opt %t.pt2 --pipeline --target cpu --dtype int8 --stats 2> %t.stats | filecheck %s
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
-# RUN: llmc-opt %t.row.pt2 --pipeline --target cpu --dtype int8 --stats 2> %t.row.stats | filecheck %s --check-prefix=ROW
+# RUN: env LLMC_CPU_KERNELS=off llmc-opt %t.row.pt2 --pipeline --target cpu --dtype int8 --stats 2> %t.row.stats | filecheck %s --check-prefix=ROW
 # RUN: filecheck %s --check-prefix=ROWSTATS < %t.row.stats
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype int8 --stats 2> %t.krow.stats | filecheck %s --check-prefix=KROW
+# RUN: filecheck %s --check-prefix=KROWSTATS < %t.krow.stats
 # RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx942 --dtype int8 --stats 2> %t.hip.stats | filecheck %s --check-prefix=GPU
 # RUN: filecheck %s --check-prefix=GPUSTATS < %t.hip.stats
 # RUN: llmc-opt %t.pt2 --pipeline --target vulkan --dtype int8 | filecheck %s --check-prefix=GPU
@@ -57,6 +59,16 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 # ROW:         return
 
 # ROWSTATS:    "per-channel int8, packed, 1 one-row product(s) as a reduction": 2
+
+# KROW-LABEL:  func.func @main(%arg0: !torch.vtensor<[1,16],f32>)
+# KROW-NOT:    torch.aten.mm
+# KROW:        call @__llmc_matvec_int8_4x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<4x16x8xi8>) -> tensor<1x32xf32>
+# KROW:        call @__llmc_matvec_int8_1x32(%{{.*}}, %{{.*}}) : (tensor<1x32xf32>, tensor<1x32x8xi8>) -> tensor<1x8xf32>
+# KROW-NOT:    torch.aten.sum.dim_IntList
+# KROW:        flow.dispatch @__llmc_kernels::@matvec_int8
+# KROW:        func.call @llmc_matvec_int8(
+
+# KROWSTATS:   "per-channel int8, packed, 1 one-row product(s) as C kernel calls": 2
 
 # GPU-DAG:     "util.global"() {initial_value = #stream.parameter.named<"model"::"0.weight"> : tensor<32x16xi8>
 # GPU-DAG:     "util.global"() {initial_value = #stream.parameter.named<"model"::"0.weight_int8_scale"> : tensor<32x1xf32>

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from llmc.compiler import pipeline, targets
+from llmc.passes._packed import KERNEL_OPTION
 from llmc.passes.fp8_weights import FN_MAX, decode_native, decode_sw, fn_to_fnuz, quantize
 
 CODES = torch.arange(-128, 128, dtype=torch.int32).to(torch.int8)
@@ -74,8 +75,9 @@ def _dequantized(model: _Model, names) -> _Model:
     return ref
 
 
+@pytest.mark.parametrize("kernels", [False, True], ids=["reduction", "kernel-op"])
 @pytest.mark.parametrize("embeddings, tokens", [(False, 5), (True, 5), (False, 1), (True, 1)])
-def test_pass_computes_with_the_dequantized_weights(embeddings, tokens):
+def test_pass_computes_with_the_dequantized_weights(embeddings, tokens, kernels):
     """One token: every linear has a one-row input and becomes the packed reduction form on cpu; five
     tokens: the weights are decoded and unpacked whole. Both run here in eager PyTorch."""
     torch.manual_seed(0)
@@ -83,7 +85,7 @@ def test_pass_computes_with_the_dequantized_weights(embeddings, tokens):
     ids = torch.tensor([[3, 7, 0, 49, 7][:tokens]])
     program = torch.export.export(model, (ids,)).run_decompositions(pipeline.base_decompositions())
     target = targets.resolve("cpu", None, "fp8")
-    plan = pipeline.build(target, {"fp8_embeddings": embeddings}, only=["fp8-weights"])
+    plan = pipeline.build(target, {"fp8_embeddings": embeddings, KERNEL_OPTION: kernels}, only=["fp8-weights"])
     program = plan.graph[0].run(program)
     quantized = ["up.weight", "down.weight"] + (["emb.weight"] if embeddings else [])
     assert sorted(k for k, v in program.state_dict.items() if v.dtype == torch.int8) == sorted(quantized)
@@ -98,7 +100,8 @@ def test_pass_computes_with_the_dequantized_weights(embeddings, tokens):
             assert stored.shape == (rows // 8, cols, 8)
             assert torch.equal(stored[1, 5], bits[8:16, 5]) and torch.equal(stored.permute(0, 2, 1).reshape(rows, cols), bits)
     forms = plan.stats()[0]["forms"]
-    reduced = "per-channel software, packed, 1 one-row product(s) as a reduction"
+    # one-row products: the reduction graph, or llmc::matvec_fp8 (eager: its torch definition)
+    reduced = f"per-channel software, packed, 1 one-row product(s) as {'C kernel calls' if kernels else 'a reduction'}"
     assert forms.get(reduced, 0) == (2 if tokens == 1 else 0), forms
     got = program.module()(ids)
     want = _dequantized(model, quantized)(ids)
@@ -114,7 +117,7 @@ def test_one_row_product_splits_k_in_four_partial_sums_when_it_can(k):
     lin = torch.nn.Linear(k, 16).eval()
     x = torch.randn(1, k)
     program = torch.export.export(lin, (x,)).run_decompositions(pipeline.base_decompositions())
-    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {}, only=["fp8-weights"])
+    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {KERNEL_OPTION: False}, only=["fp8-weights"])
     program = plan.graph[0].run(program)
     sums = [n for n in program.graph.nodes if n.target == torch.ops.aten.sum.dim_IntList]
     shapes = [tuple(n.args[0].meta["val"].shape) for n in sums]
@@ -186,7 +189,7 @@ def test_a_bf16_weight_in_an_f32_program_is_quantized_from_its_own_values(tokens
     assert export.convert_module(model, torch.float32)[0].weight.dtype == torch.float32
     x = torch.randn(tokens, 16)
     program = torch.export.export(conv, (x,)).run_decompositions(pipeline.base_decompositions())
-    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {}, only=["dtype-harmony", "fp8-weights"])
+    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {KERNEL_OPTION: False}, only=["dtype-harmony", "fp8-weights"])
     for p in plan.graph:
         program = p.run(program)
     forms = plan.stats()[1]["forms"]

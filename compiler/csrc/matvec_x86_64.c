@@ -1,0 +1,192 @@
+/* One-row products over llmc's packed narrow weights, for llvm-cpu on x86-64 with AVX2 + FMA.
+ *
+ * Linked into IREE executables as an object file (compiler/ukernels.py builds it with the system C
+ * compiler and rewrites each `llmc.matvec_*` op into a dispatch that calls it). A decode step's
+ * linear layers are these products: y[1, N] = x[1, K] @ w[N, K].T, the weight read once from its
+ * narrow packed form P[N/G, K, G] (P[b, k, j] = w[G*b + j, k]; passes/_packed.py), decoded in
+ * registers and multiplied in f32.
+ *
+ * Why by hand: IREE 3.13's vectorizer reads one group of G channels at a time, with no software
+ * prefetch, and that loop is bound by how far its loads run ahead of its arithmetic (docs/targets.md,
+ * "cpu matvec kernels"). Here 4 (fp8, int8) or 2 (bf16) groups are read side by side, so 2-4 memory
+ * streams are in flight, with a prefetch ahead of each. A workgroup computes `per_wg` groups (the
+ * caller sizes it: compiler/ukernels.py).
+ *
+ * Values: each weight decodes exactly as the graph's own decode does (the caller's scale and its
+ * constant factor are applied after the sum, in the graph):
+ *   fp8  (E4M3FN codes): bits (code & 0x80) << 24 | (code & 0x7F) << 20 read as f32 = value x 2^-120
+ *   int8 (signed codes): the integer as f32
+ *   bf16 (bf16 bits):    bits << 16 read as f32 (exact)
+ * Only the f32 summation order differs from the graph: 2 partial sums per channel, even and odd k.
+ *
+ * Embedded-ELF rules (IREE loads the executable itself): no libc, no globals, no TLS, no syscalls.
+ *
+ * ABI: IREE lowers each memref argument of the external call to its descriptor (allocated pointer,
+ * aligned pointer, offset, size, stride: 1-D here), then the index operands as size_t. The data
+ * starts at aligned + offset elements.
+ */
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MEMREF(T, name) T *name##_base, T *restrict name##_aligned, size_t name##_offset, size_t name##_size, size_t name##_stride
+#define DATA(name) (name##_aligned + name##_offset)
+
+#define PREFETCH_BYTES 512  /* how far ahead of each stream to prefetch (measured: docs/targets.md) */
+
+/* ---- decodes: 8 codes at p -> 8 f32 lanes ---- */
+
+static inline __m256 dec_fp8(const int8_t *p) {
+  /* sign-extended, shifted up 20: bits 31..27 hold copies of the sign, 26..20 exponent and mantissa;
+     the mask keeps the sign bit and those 7. */
+  __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 20), _mm256_set1_epi32((int)0x87F00000u)));
+}
+
+static inline __m256 dec_int8(const int8_t *p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+static inline __m256 dec_bf16(const uint16_t *p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* ---- 8-channel groups (fp8, int8): NG groups side by side ---- */
+
+#define GROUP8_KERNEL(NAME, DEC)                                                                      \
+  static inline void NAME##_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, \
+                                   size_t k, size_t first, size_t count) {                            \
+    size_t b = first, end = first + count;                                                            \
+    for (; b + 4 <= end; b += 4) {                                                                    \
+      const int8_t *p0 = p + b * k * 8, *p1 = p0 + k * 8, *p2 = p1 + k * 8, *p3 = p2 + k * 8;          \
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;  \
+      size_t i = 0;                                                                                   \
+      for (; i + 2 <= k; i += 2) {                                                                    \
+        if ((i & 7) == 0) {                                                                           \
+          _mm_prefetch((const char *)(p0 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);                     \
+          _mm_prefetch((const char *)(p1 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);                     \
+          _mm_prefetch((const char *)(p2 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);                     \
+          _mm_prefetch((const char *)(p3 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);                     \
+        }                                                                                             \
+        __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);                  \
+        a0 = _mm256_fmadd_ps(DEC(p0 + i * 8), x0, a0);                                                \
+        a1 = _mm256_fmadd_ps(DEC(p1 + i * 8), x0, a1);                                                \
+        a2 = _mm256_fmadd_ps(DEC(p2 + i * 8), x0, a2);                                                \
+        a3 = _mm256_fmadd_ps(DEC(p3 + i * 8), x0, a3);                                                \
+        c0 = _mm256_fmadd_ps(DEC(p0 + i * 8 + 8), x1, c0);                                            \
+        c1 = _mm256_fmadd_ps(DEC(p1 + i * 8 + 8), x1, c1);                                            \
+        c2 = _mm256_fmadd_ps(DEC(p2 + i * 8 + 8), x1, c2);                                            \
+        c3 = _mm256_fmadd_ps(DEC(p3 + i * 8 + 8), x1, c3);                                            \
+      }                                                                                               \
+      if (i < k) {                                                                                    \
+        __m256 x0 = _mm256_broadcast_ss(x + i);                                                       \
+        a0 = _mm256_fmadd_ps(DEC(p0 + i * 8), x0, a0);                                                \
+        a1 = _mm256_fmadd_ps(DEC(p1 + i * 8), x0, a1);                                                \
+        a2 = _mm256_fmadd_ps(DEC(p2 + i * 8), x0, a2);                                                \
+        a3 = _mm256_fmadd_ps(DEC(p3 + i * 8), x0, a3);                                                \
+      }                                                                                               \
+      _mm256_storeu_ps(y + b * 8, _mm256_add_ps(a0, c0));                                             \
+      _mm256_storeu_ps(y + b * 8 + 8, _mm256_add_ps(a1, c1));                                         \
+      _mm256_storeu_ps(y + b * 8 + 16, _mm256_add_ps(a2, c2));                                        \
+      _mm256_storeu_ps(y + b * 8 + 24, _mm256_add_ps(a3, c3));                                        \
+    }                                                                                                 \
+    for (; b < end; b++) {                                                                            \
+      const int8_t *p0 = p + b * k * 8;                                                               \
+      __m256 a0 = _mm256_setzero_ps(), c0 = a0;                                                       \
+      size_t i = 0;                                                                                   \
+      for (; i + 2 <= k; i += 2) {                                                                    \
+        a0 = _mm256_fmadd_ps(DEC(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);                        \
+        c0 = _mm256_fmadd_ps(DEC(p0 + i * 8 + 8), _mm256_broadcast_ss(x + i + 1), c0);                \
+      }                                                                                               \
+      if (i < k) a0 = _mm256_fmadd_ps(DEC(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);               \
+      _mm256_storeu_ps(y + b * 8, _mm256_add_ps(a0, c0));                                             \
+    }                                                                                                 \
+  }
+
+GROUP8_KERNEL(fp8, dec_fp8)
+GROUP8_KERNEL(int8, dec_int8)
+
+/* ---- 16-channel groups (bf16): NG groups side by side ---- */
+
+static inline void bf16_groups(const float *restrict x, const uint16_t *restrict p, float *restrict y, size_t k,
+                               size_t first, size_t count) {
+  size_t b = first, end = first + count;
+  for (; b + 2 <= end; b += 2) {
+    const uint16_t *p0 = p + b * k * 16, *p1 = p0 + k * 16;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+    size_t i = 0;
+    for (; i + 2 <= k; i += 2) {
+      _mm_prefetch((const char *)(p0 + i * 16) + PREFETCH_BYTES, _MM_HINT_T0);
+      _mm_prefetch((const char *)(p1 + i * 16) + PREFETCH_BYTES, _MM_HINT_T0);
+      __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);
+      a0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16), x0, a0);
+      a1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 8), x0, a1);
+      a2 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16), x0, a2);
+      a3 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16 + 8), x0, a3);
+      c0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 16), x1, c0);
+      c1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 24), x1, c1);
+      c2 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16 + 16), x1, c2);
+      c3 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16 + 24), x1, c3);
+    }
+    if (i < k) {
+      __m256 x0 = _mm256_broadcast_ss(x + i);
+      a0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16), x0, a0);
+      a1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 8), x0, a1);
+      a2 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16), x0, a2);
+      a3 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16 + 8), x0, a3);
+    }
+    _mm256_storeu_ps(y + b * 16, _mm256_add_ps(a0, c0));
+    _mm256_storeu_ps(y + b * 16 + 8, _mm256_add_ps(a1, c1));
+    _mm256_storeu_ps(y + b * 16 + 16, _mm256_add_ps(a2, c2));
+    _mm256_storeu_ps(y + b * 16 + 24, _mm256_add_ps(a3, c3));
+  }
+  for (; b < end; b++) {
+    const uint16_t *p0 = p + b * k * 16;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, c0 = a0, c1 = a0;
+    size_t i = 0;
+    for (; i + 2 <= k; i += 2) {
+      __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);
+      a0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16), x0, a0);
+      a1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 8), x0, a1);
+      c0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 16), x1, c0);
+      c1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 24), x1, c1);
+    }
+    if (i < k) {
+      __m256 x0 = _mm256_broadcast_ss(x + i);
+      a0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16), x0, a0);
+      a1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 8), x0, a1);
+    }
+    _mm256_storeu_ps(y + b * 16, _mm256_add_ps(a0, c0));
+    _mm256_storeu_ps(y + b * 16 + 8, _mm256_add_ps(a1, c1));
+  }
+}
+
+/* ---- entry points: workgroup `wg` computes groups [wg * per_wg, (wg + 1) * per_wg) ---- */
+
+static inline void span(size_t groups, size_t per_wg, size_t wg, size_t *first, size_t *count) {
+  size_t f = wg * per_wg, e = f + per_wg;
+  if (e > groups) e = groups;
+  *first = f;
+  *count = f < e ? e - f : 0;
+}
+
+void llmc_matvec_fp8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
+                     size_t per_wg, size_t wg) {
+  size_t first, count;
+  span(groups, per_wg, wg, &first, &count);
+  fp8_groups(DATA(x), DATA(p), DATA(y), k, first, count);
+}
+
+void llmc_matvec_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
+                      size_t per_wg, size_t wg) {
+  size_t first, count;
+  span(groups, per_wg, wg, &first, &count);
+  int8_groups(DATA(x), DATA(p), DATA(y), k, first, count);
+}
+
+void llmc_matvec_bf16(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(float, y), size_t k, size_t groups,
+                      size_t per_wg, size_t wg) {
+  size_t first, count;
+  span(groups, per_wg, wg, &first, &count);
+  bf16_groups(DATA(x), DATA(p), DATA(y), k, first, count);
+}

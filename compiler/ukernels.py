@@ -1,0 +1,281 @@
+"""Hand-written cpu kernels for the one-row products over packed narrow weights (decode steps).
+
+What: on llvm-cpu for x86-64 CPUs with AVX2 + FMA, every one-row product over a packed fp8, int8 or
+bf16 weight (passes/_packed.py: `x[1, K] @ w.T` with w stored as P[N/G, K, G]) runs as
+`compiler/csrc/matvec_x86_64.c` instead of the loop IREE generates for it. The graph passes emit
+`llmc::matvec_<kind>(x, P)` (its eager meaning is the same sum in torch, `passes/_packed.py`);
+this module turns each into an IREE dispatch of that C function:
+
+  1. `lower_calls(module)` (at import, before torch-mlir's backend pipeline, which refuses any
+     `torch.operator`): each op becomes `torch_c.to_builtin_tensor` + a call of a private function
+     `@__llmc_matvec_<kind>_<G>x<K>` (declared only) + `torch_c.from_builtin_tensor`.
+  2. `link(mlir_text)` (on the text iree-compile gets): each such declaration gets its body, a
+     `flow.dispatch` of the export `@__llmc_kernels::@matvec_<kind>`, and the module gets that
+     `stream.executable`: one export per kind whose function calls the C function
+     (`hal.import.static`), the object file named in `hal.executable.objects` (by its path in the
+     cache). IREE links it into every llvm-cpu executable variant it builds.
+
+Why: IREE 3.13's vectorized loop reads one group of channels at a time with no software prefetch,
+and is bound by how far its loads run ahead of its arithmetic; the C loop reads 4 (fp8, int8) or 2
+(bf16) groups side by side with a prefetch ahead of each. Measured in docs/targets.md ("cpu matvec
+kernels").
+
+Safe because: the C decode of each weight is the graph's own (bit-exact: integer ops and the f32 read
+of the result, or int -> f32), the scale and its factor stay in the graph after the sum, and only
+the f32 summation order differs, as it already does between IREE's own tilings. Used only where
+every CPU the module is built for has AVX2 and FMA (`unavailable`); the object is built with the
+system C compiler (`$CC`, else cc, gcc or clang) once per source and compiler, and cached. Without a
+C compiler, or with LLMC_CPU_KERNELS=off, the graph keeps IREE's own loop (same values).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from llmc.errors import CompileError
+
+SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
+# The ops the graph passes emit, as torch-mlir imports them (`torch.operator "torch.llmc.matvec_fp8"`).
+OPERATOR_PREFIX = "torch.llmc.matvec_"
+# kind -> (element type of the packed codes, output channels per group G)
+KINDS = {"fp8": ("i8", 8), "int8": ("i8", 8), "bf16": ("i16", 16)}
+# Weight bytes one workgroup reads: large enough that IREE's per-workgroup cost is small against its
+# streaming, small enough that a layer has several per thread. Measured on small-125m fp8 decode at 2
+# threads: 24, 128, 512 KiB -> 6.2, 5.5-5.7, 6.0 ms a step; the same at 1 thread (docs/targets.md).
+BYTES_PER_WORKGROUP = 128 * 1024
+MIN_WORKGROUPS = 16
+EXECUTABLE = "__llmc_kernels"
+DECL_PREFIX = "__llmc_matvec_"
+NO_COMPILER = "no C compiler"  # starts the reasons worth a warning: the target could have the kernels
+ENV = "LLMC_CPU_KERNELS"  # "off": keep IREE's generated loop (A/B runs, a suspected kernel bug)
+_FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protector",
+          "-fno-asynchronous-unwind-tables", "-fno-exceptions", "-c")
+
+
+def c_compiler() -> str | None:
+    """The C compiler to build the kernels with: $CC, else cc, gcc or clang on PATH (None: none)."""
+    for name in ([os.environ["CC"]] if os.environ.get("CC") else []) + ["cc", "gcc", "clang"]:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def unavailable(target) -> str | None:
+    """Why `target` (a compiler.targets.ResolvedTarget) gets no kernels, or None when it does."""
+    from llmc.compiler import targets
+
+    if os.environ.get(ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return f"{ENV}={os.environ[ENV]}"
+    if target is None or getattr(target.caps, "backend", None) != "llvm-cpu":
+        return "not an llvm-cpu target"
+    if getattr(target, "devices", 1) > 1:
+        return "several devices"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the C compiler here builds for {platform.machine()}, not x86-64"
+    for cpu in targets.cpu_variants(target.arch):
+        _, features = targets.llvm_cpu_features(cpu)
+        missing = [f for f in ("avx2", "fma") if f not in features]
+        if missing:
+            return f"--arch {cpu} lacks {' and '.join(missing)}"
+    if c_compiler() is None:
+        return NO_COMPILER + " found (set CC, or install gcc or clang)"
+    try:
+        build_object()  # decided here, before any pass emits a kernel op: a compiler that fails is no compiler
+    except CompileError as e:
+        return f"{NO_COMPILER} that works: {e}"
+    return None
+
+
+def _cache_dirs() -> list[Path]:
+    """Where the object may go, in order: $LLMC_CACHE_DIR/kernels or ~/.cache/llmc/kernels, then a
+    per-user folder in the temp directory (a read-only home)."""
+    root = os.environ.get("LLMC_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llmc")
+    return [Path(root) / "kernels", Path(tempfile.gettempdir()) / f"llmc-kernels-{os.getuid()}"]
+
+
+def build_object() -> Path:
+    """The kernels' object file, built on first use and cached by source, compiler and flags."""
+    cc = c_compiler()
+    if cc is None:
+        raise CompileError("the cpu matvec kernels need a C compiler: install gcc or clang, set CC, or set LLMC_CPU_KERNELS=off")
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    except OSError as e:
+        raise CompileError(f"the C compiler {cc} does not run: {e}") from e
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *_FLAGS]).encode()).hexdigest()[:16]
+    name = f"matvec_x86_64-{key}.o"
+    for folder in _cache_dirs():
+        if (folder / name).exists():
+            return folder / name
+    for folder in _cache_dirs():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return _build(cc, folder / name)
+        except PermissionError:
+            continue
+    raise CompileError(f"no writable folder for the cpu kernels' object (tried {', '.join(map(str, _cache_dirs()))}): set LLMC_CACHE_DIR")
+
+
+def _build(cc: str, out: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=out.stem, suffix=".o.tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *_FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        if proc.returncode != 0:
+            first = (proc.stderr.strip().splitlines() or ["no message"])[0]
+            raise CompileError(f"{cc} failed to build {SOURCE.name}: {first} (set LLMC_CPU_KERNELS=off to do without the kernels)",
+                               diagnostics=proc.stderr)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. at import: torch.operator -> call of a declared function
+
+
+def declaration_name(kind: str, groups: int, k: int) -> str:
+    return f"{DECL_PREFIX}{kind}_{groups}x{k}"
+
+
+def lower_calls(module) -> int:
+    """Replace every `llmc::matvec_<kind>` op in `module` (torch-mlir, before the backend pipeline)
+    with a call of a declared builtin-tensor function; returns how many."""
+    from torch_mlir import ir
+
+    from llmc.passes._base import vtensor_dims, walk_ops
+
+    ops = [op for op in walk_ops(module, {"torch.operator"})
+           if ir.StringAttr(op.attributes["name"]).value.startswith(OPERATOR_PREFIX)]
+    if not ops:
+        return 0
+    declared = set()
+    with module.context, ir.Location.unknown():
+        for op in ops:
+            kind = ir.StringAttr(op.attributes["name"]).value[len(OPERATOR_PREFIX):].split(".")[0]
+            if kind not in KINDS:
+                raise CompileError(f"unknown cpu kernel op {ir.StringAttr(op.attributes['name']).value}")
+            elem, group = KINDS[kind]
+            x, p = op.operands
+            xs, ps, ys = (vtensor_dims(str(v.type)) for v in (x, p, op.results[0]))
+            if any(s is None or "?" in s[0] for s in (xs, ps, ys)):
+                raise CompileError(f"llmc::matvec_{kind} needs static shapes, got {x.type}, {p.type}")
+            groups, k = int(ps[0][0]), int(ps[0][1])
+            if xs[0] != ["1", str(k)] or ps[0][2] != str(group) or ys[0] != ["1", str(groups * group)]:
+                raise CompileError(f"llmc::matvec_{kind}: shapes {x.type}, {p.type} -> {op.results[0].type} do not match")
+            name = declaration_name(kind, groups, k)
+            t_x = ir.Type.parse(f"tensor<1x{k}xf32>")
+            t_p = ir.Type.parse(f"tensor<{groups}x{k}x{group}x{elem}>")
+            t_y = ir.Type.parse(f"tensor<1x{groups * group}xf32>")
+            if name not in declared:
+                fn_type = ir.FunctionType.get([t_x, t_p], [t_y])
+                decl = ir.Operation.create("func.func", attributes={
+                    "sym_name": ir.StringAttr.get(name), "function_type": ir.TypeAttr.get(fn_type),
+                    "sym_visibility": ir.StringAttr.get("private")}, regions=1)
+                module.body.append(decl)
+                declared.add(name)
+            with ir.InsertionPoint(op), op.location:
+                bx = ir.Operation.create("torch_c.to_builtin_tensor", results=[t_x], operands=[x]).result
+                bp = ir.Operation.create("torch_c.to_builtin_tensor", results=[t_p], operands=[p]).result
+                call = ir.Operation.create("func.call", results=[t_y], operands=[bx, bp],
+                                           attributes={"callee": ir.FlatSymbolRefAttr.get(name)}).result
+                y = ir.Operation.create("torch_c.from_builtin_tensor", results=[op.results[0].type], operands=[call]).result
+            op.results[0].replace_all_uses_with(y)
+            op.erase()
+    return len(ops)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. on the text for iree-compile: bodies and the executable
+
+_DECL = re.compile(rf"^(\s*)func\.func private @({DECL_PREFIX}(\w+?)_(\d+)x(\d+))\(.*$", re.M)
+
+
+def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
+    """How many groups of G channels one workgroup computes: about BYTES_PER_WORKGROUP of weight, fewer
+    when that would leave under MIN_WORKGROUPS workgroups, in whole steps of the C loop (4 or 2 groups)."""
+    elem, group = KINDS[kind]
+    step = 4 if group == 8 else 2
+    per = max(1, BYTES_PER_WORKGROUP // (k * group * (1 if elem == "i8" else 2)))
+    per = min(per, -(-groups // MIN_WORKGROUPS))
+    return -(-per // step) * step
+
+
+def _definition(indent: str, name: str, kind: str, groups: int, k: int) -> str:
+    elem, group = KINDS[kind]
+    tx, tp, ty = f"tensor<1x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<1x{groups * group}xf32>"
+    lines = [
+        f"func.func private @{name}(%x: {tx}, %p: {tp}) -> {ty} {{",
+        f"  %k = arith.constant {k} : index",
+        f"  %g = arith.constant {groups} : index",
+        f"  %per = arith.constant {groups_per_workgroup(kind, groups, k)} : index",
+        f"  %y = flow.dispatch @{EXECUTABLE}::@matvec_{kind}[%g, %per](%x, %p, %k, %g, %per) : ({tx}, {tp}, index, index, index) -> {ty}",
+        f"  return %y : {ty}",
+        "}",
+    ]
+    return "\n".join(indent + line for line in lines)
+
+
+def _executable(obj: Path, kinds: list[str]) -> str:
+    exports, funcs = [], []
+    for kind in kinds:
+        elem, group = KINDS[kind]
+        exports.append(f"""\
+  stream.executable.export public @matvec_{kind} workgroups(%g: index, %per: index) -> (index, index, index) {{
+    %c1 = arith.constant 1 : index
+    %n = affine.apply affine_map<()[s0, s1] -> (s0 ceildiv s1)>()[%g, %per]
+    stream.return %n, %c1, %c1 : index, index, index
+  }}""")
+        funcs.append(f"""\
+    func.func private @llmc_matvec_{kind}(memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index) attributes {{hal.import.static}}
+    func.func @matvec_{kind}(%bx: !stream.binding, %bp: !stream.binding, %by: !stream.binding, %k: index, %g: index, %per: index) {{
+      %c0 = arith.constant 0 : index
+      %wg = stream.dispatch.workgroup.id[0] : index
+      %np = affine.apply affine_map<()[s0, s1] -> (s0 * s1 * {group})>()[%g, %k]
+      %ny = affine.apply affine_map<()[s0] -> (s0 * {group})>()[%g]
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?xf32>{{%k}}
+      %p = stream.binding.subspan %bp[%c0] : !stream.binding -> memref<?x{elem}>{{%np}}
+      %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{{%ny}}
+      func.call @llmc_matvec_{kind}(%x, %p, %y, %k, %g, %per, %wg) : (memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index) -> ()
+      return
+    }}""")
+    target = '#hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {}>'
+    # By path: IREE 3.13's linker ignores an object's embedded `data` ("iree-lld: error: undefined
+    # symbol"), so a saved reproducer needs the cached object file in place.
+    objects = f'#hal.executable.objects<{{{target} = [#hal.executable.object<{{path = "{obj}"}}>]}}>'
+    return "\n".join([
+        f"stream.executable private @{EXECUTABLE} attributes {{hal.executable.objects = {objects}}} {{",
+        *exports,
+        "  builtin.module {",
+        *funcs,
+        "  }",
+        "}",
+    ])
+
+
+def link(mlir: str) -> str:
+    """`mlir` with each kernel declaration given its dispatch body and the executable added; the
+    text unchanged when it declares none."""
+    found = list(_DECL.finditer(mlir))
+    if not found:
+        return mlir
+    obj = build_object()
+    kinds = sorted({m.group(3) for m in found})
+    unknown = [kd for kd in kinds if kd not in KINDS]
+    if unknown:
+        raise CompileError(f"unknown cpu kernel declaration kind {unknown[0]!r}")
+    out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5))), mlir)
+    end = out.rstrip().rfind("}")
+    if end < 0:
+        raise CompileError("cpu kernels: the module text has no closing brace")
+    return out[:end] + _executable(obj, kinds) + "\n" + out[end:]

@@ -1,0 +1,170 @@
+"""compiler/ukernels.py: the C matvec kernels for packed narrow weights on cpu.
+
+The kernels' values are checked against torch's own decode of the same codes (float8_e4m3fn views,
+int8 -> f32, bf16 views), never against the kernels' own formula; the compiled ones through the
+exact dispatch text llmc gives iree-compile, on shapes that take every tail path of the C loops.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from llmc.compiler import targets, ukernels
+from llmc.compiler.iree import iree_compile_path
+from llmc.errors import CompileError
+from llmc.passes import _packed
+
+# CI installs gcc and sets LLMC_REQUIRE_CPU_KERNELS=1 (.ci/run): there these must run, not skip.
+pytestmark = pytest.mark.skipif((ukernels.c_compiler() is None or os.uname().machine != "x86_64")
+                                and not os.environ.get("LLMC_REQUIRE_CPU_KERNELS"),
+                                reason="needs a C compiler on x86-64")
+
+GROUP = {"fp8": 8, "int8": 8, "bf16": 16}
+
+
+def _codes(kind: str, n: int, k: int, seed: int) -> torch.Tensor:
+    """Random [n, k] codes of `kind` (fp8: every E4M3FN code but the two NaNs, subnormals included)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "bf16":
+        return (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16).view(torch.int16)
+    codes = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int64)
+    if kind == "fp8":
+        codes[(codes & 0x7F) == 0x7F] = 0x3F  # 0x7F / 0xFF are NaN in E4M3FN; the quantizer never writes them
+    return codes.to(torch.int8)
+
+
+def _values(kind: str, codes: torch.Tensor) -> torch.Tensor:
+    """The weight each code stands for, by torch's own dtypes (fp8: times 2^-120, the kernel's unit)."""
+    if kind == "fp8":
+        return codes.view(torch.float8_e4m3fn).to(torch.float32) * 2.0**-120
+    if kind == "bf16":
+        return codes.view(torch.bfloat16).to(torch.float32)
+    return codes.to(torch.float32)
+
+
+def _reference(kind, x, codes):
+    return (x.double() @ _values(kind, codes).double().T).float()
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8", "bf16"])
+def test_eager_op_is_the_product_with_the_decoded_weight(kind):
+    n, k = 5 * GROUP[kind], 24
+    codes = _codes(kind, n, k, 1)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(2))
+    got = _packed.KERNEL_OPS[kind](x, _packed.pack(codes, GROUP[kind]))
+    _assert_within_summation_error(got, x, kind, codes)
+
+
+def _module(kind: str, groups: int, k: int) -> str:
+    elem, group = ukernels.KINDS[kind]
+    name = ukernels.declaration_name(kind, groups, k)
+    tx, tp, ty = f"tensor<1x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<1x{groups * group}xf32>"
+    return (f"module {{\n  func.func private @{name}({tx}, {tp}) -> {ty}\n"
+            f"  func.func @main(%x: {tx}, %p: {tp}) -> {ty} {{\n"
+            f"    %y = func.call @{name}(%x, %p) : ({tx}, {tp}) -> {ty}\n"
+            f"    return %y : {ty}\n  }}\n}}\n")
+
+
+# groups x K: 8 groups (the 4- and 2-group loops only), 7 and 3 groups (the one-group tail), odd K (the last-k tail)
+@pytest.mark.parametrize("kind", ["fp8", "int8", "bf16"])
+@pytest.mark.parametrize("groups, k", [(8, 64), (7, 37), (3, 768)])
+def test_compiled_kernel_matches_torch(tmp_path, kind, groups, k):
+    text = ukernels.link(_module(kind, groups, k))
+    assert f"flow.dispatch @{ukernels.EXECUTABLE}::@matvec_{kind}" in text
+    src, vmfb = tmp_path / "m.mlir", tmp_path / "m.vmfb"
+    src.write_text(text)
+    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=x86-64-v3"]
+    subprocess.run([iree_compile_path(), str(src), *flags, "-o", str(vmfb)], check=True, capture_output=True, text=True)
+    group = GROUP[kind]
+    codes = _codes(kind, groups * group, k, 3)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(4))
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "p.npy", _packed.pack(codes, group).numpy())
+    run = subprocess.run([str(Path(sys.executable).parent / "iree-run-module"), f"--module={vmfb}",
+                          "--device=local-task", "--function=main", f"--input=@{tmp_path / 'x.npy'}",
+                          f"--input=@{tmp_path / 'p.npy'}", f"--output=@{tmp_path / 'y.npy'}"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    got = torch.from_numpy(np.load(tmp_path / "y.npy"))
+    _assert_within_summation_error(got, x, kind, codes)
+
+
+def _assert_within_summation_error(got, x, kind, codes):
+    """Each output within f32 summation's worst case of the exact (f64) sum: K x 2^-24 x sum |x w|, plus, per
+    term, the f32 subnormal range: IREE's workers run with denormals flushed to zero (inputs and results),
+    and fp8 values are computed x 2^-120, so an E4M3 subnormal code (< 2^-6, x 2^-120 < 2^-126) reads as 0
+    and so does a product below 2^-126 (the graph's own decode does the same; docs/targets.md).
+    A wrong decode or a wrong channel is off by the size of the terms themselves, orders of magnitude more."""
+    want = _reference(kind, x, codes)
+    k = x.shape[1]
+    bound = (k * 2.0**-24 * (x.double().abs() @ _values(kind, codes).double().abs().T)
+             + k * 2.0**-126 * max(1.0, float(x.abs().max())))
+    assert got.shape == want.shape
+    over = (got.double() - want.double()).abs() / bound
+    assert float(over.max()) <= 1.0, f"channel {int(over.argmax())}: error {float(over.max()):.3g}x the summation bound"
+    assert float(bound.max()) < 1e-2 * float(want.abs().max())  # the bound is far tighter than the values checked
+
+
+def _cpu(arch: str, dtype: str = "fp8"):
+    return targets.resolve("cpu", arch, dtype)
+
+
+def test_unavailable_names_why(monkeypatch):
+    monkeypatch.delenv(ukernels.ENV, raising=False)
+    assert ukernels.unavailable(_cpu("x86-64-v3")) is None
+    assert ukernels.unavailable(_cpu("portable")) is None  # x86-64-v4 and -v3 both have AVX2 + FMA
+    assert "lacks avx2" in ukernels.unavailable(_cpu("x86-64"))
+    assert "lacks avx2" in ukernels.unavailable(_cpu("x86-64-v3,x86-64"))  # one object serves every CPU in the module
+    assert ukernels.unavailable(targets.resolve("hip", "gfx942", "fp8")) == "not an llvm-cpu target"
+    monkeypatch.setenv(ukernels.ENV, "off")
+    assert ukernels.unavailable(_cpu("x86-64-v3")) == f"{ukernels.ENV}=off"
+    monkeypatch.delenv(ukernels.ENV)
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert ukernels.c_compiler() is None
+    assert ukernels.unavailable(_cpu("x86-64-v3")).startswith(ukernels.NO_COMPILER)
+
+
+def test_object_is_cached_and_a_failing_compiler_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMC_CACHE_DIR", str(tmp_path / "cache"))
+    first = ukernels.build_object()
+    stamp = first.stat().st_mtime_ns
+    assert ukernels.build_object() == first and first.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    fake = tmp_path / "badcc"
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo badcc 1.0; exit 0; fi\necho 'badcc: no AVX2 here' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.raises(CompileError) as e:
+        ukernels.build_object()
+    assert "badcc: no AVX2 here" in str(e.value) and "LLMC_CPU_KERNELS=off" in str(e.value)
+    assert [p.name for p in (tmp_path / "cache" / "kernels").iterdir()] == [first.name]  # no half-written object
+
+
+def test_a_compiler_that_fails_means_no_kernels_not_a_failed_compile(tmp_path, monkeypatch):
+    from llmc.compiler import pipeline
+    from llmc.passes._packed import KERNEL_OPTION
+
+    monkeypatch.delenv(ukernels.ENV, raising=False)
+    monkeypatch.setenv("LLMC_CACHE_DIR", str(tmp_path / "cache"))
+    fake = tmp_path / "badcc"
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo badcc 2.0; exit 0; fi\necho 'badcc: unsupported -mavx2' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    why = ukernels.unavailable(_cpu("x86-64-v3"))
+    assert why.startswith(ukernels.NO_COMPILER) and "badcc: unsupported -mavx2" in why
+    assert pipeline.build(_cpu("x86-64-v3")).ctx.options[KERNEL_OPTION] is False
+    monkeypatch.delenv("CC")
+    assert pipeline.build(_cpu("x86-64-v3")).ctx.options[KERNEL_OPTION] is True
+    assert KERNEL_OPTION not in pipeline.build(_cpu("x86-64-v3", "f32")).ctx.options  # f32 weights are not packed
+
+
+def test_link_leaves_a_module_without_kernels_alone():
+    text = "module {\n  func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {\n    return %a : tensor<4xf32>\n  }\n}\n"
+    assert ukernels.link(text) is text
