@@ -113,15 +113,23 @@ def build_object() -> Path:
     key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *_FLAGS]).encode()).hexdigest()[:16]
     name = f"matvec_x86_64-{key}.o"
     for folder in _cache_dirs():
-        if (folder / name).exists():
+        if (folder / name).exists() and _private(folder):
             return folder / name
     for folder in _cache_dirs():
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            return _build(cc, folder / name)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if _private(folder):
+                return _build(cc, folder / name)
         except PermissionError:
             continue
     raise CompileError(f"no writable folder for the cpu kernels' object (tried {', '.join(map(str, _cache_dirs()))}): set LLMC_CACHE_DIR")
+
+
+def _private(folder: Path) -> bool:
+    """Ours and writable by no one else: code linked into every module is never taken from a folder
+    another user could have put an object in (the temp fallback is shared)."""
+    st = folder.stat()
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def _build(cc: str, out: Path) -> Path:

@@ -16,7 +16,8 @@ a multiple of G), G output channels per group: 8 by default (fp8, int8), 16 for 
   waited for the previous one (latency-bound: 1.3x llmc f32 on a 4096x4096 fp8 matvec; 3.2x with 4).
   Where compiler/ukernels.py's C kernels serve the target (ctx.options[KERNEL_OPTION]: llvm-cpu,
   AVX2 + FMA, a C compiler), the sum is instead `llmc::matvec_<kind>(x, P)` -> [1, N] (same decode,
-  scale after it; docs/targets.md "cpu matvec kernels"): 1.22x bf16 decode, 1.1-1.25x 8B fp8.
+  scale after it; docs/targets.md "cpu matvec kernels"): decode 1.08-1.22x bf16, 1.15-1.25x int8,
+  1.1-1.25x 8B fp8.
 - an embedding (a table tied to the output head): each row's codes are gathered from the packed
   layout (the row's group of G rows, then every G-th code) and only those are decoded.
 - every other use (multi-row products): the whole weight decoded and unpacked to [N, K] ahead of

@@ -147,6 +147,20 @@ def test_object_is_cached_and_a_failing_compiler_is_one_clear_error(tmp_path, mo
     assert [p.name for p in (tmp_path / "cache" / "kernels").iterdir()] == [first.name]  # no half-written object
 
 
+def test_an_object_in_a_folder_others_can_write_is_never_used(tmp_path, monkeypatch):
+    shared = tmp_path / "shared" / "kernels"
+    shared.mkdir(parents=True)
+    monkeypatch.setenv("LLMC_CACHE_DIR", str(tmp_path / "cache"))
+    real = ukernels.build_object()  # learn the object's name, then plant a fake one where others can write
+    monkeypatch.setenv("LLMC_CACHE_DIR", str(tmp_path / "shared"))
+    (shared / real.name).write_bytes(b"not an object")
+    shared.chmod(0o777)
+    monkeypatch.setattr(ukernels.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    got = ukernels.build_object()
+    assert got.parent == tmp_path / "tmp" / f"llmc-kernels-{os.getuid()}"  # the private fallback, built fresh
+    assert got.read_bytes() == real.read_bytes()
+
+
 def test_a_compiler_that_fails_means_no_kernels_not_a_failed_compile(tmp_path, monkeypatch):
     from llmc.compiler import pipeline
     from llmc.passes._packed import KERNEL_OPTION
