@@ -28,8 +28,6 @@ from llmc.passes._base import REGISTRY, DecompositionPass, PassContext
 from llmc.passes._base import PassError as _PassRefusal
 from llmc.passes._packed import KERNEL_OPTION
 
-_KERNEL_DTYPES = ("fp8", "int8", "bf16")  # whose cpu weights are packed (passes/_packed.py)
-
 log = logging.getLogger("llmc.pipeline")
 
 SOURCE_PASSES: list[str] = [
@@ -106,9 +104,9 @@ def build(target, options: dict | None = None, only: list[str] | None = None) ->
     from llmc.passes._scratch import Scratch
 
     opts = {**dict(getattr(target, "pass_options", ())), **dict(options or {})}
-    if KERNEL_OPTION not in opts and getattr(target, "dtype", None) in _KERNEL_DTYPES:
-        from llmc.compiler import ukernels
+    from llmc.compiler import ukernels
 
+    if KERNEL_OPTION not in opts and getattr(target, "dtype", None) in ukernels.KINDS:
         why_not = ukernels.unavailable(target)
         if why_not:
             (log.warning if why_not.startswith(ukernels.NO_COMPILER) else log.info)(

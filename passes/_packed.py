@@ -43,33 +43,35 @@ KSPLIT = 4  # independent partial sums per output channel in a one-row product (
 KERNEL_OPTION = "matvec_kernels"  # ctx.options: True when compiler/ukernels.py's kernels serve this target
 
 
-def _decode_codes(kind: str, p: torch.Tensor) -> torch.Tensor:
-    """Packed codes -> f32, as the graph's decode and the C kernel compute them (fp8: value x 2^-120)."""
-    if kind == "bf16":
-        return (p.to(torch.int32) << 16).view(torch.float32)
-    if kind == "int8":
-        return p.to(torch.float32)
-    b = p.to(torch.int32)
-    return (((b & 0x80) << 24) | ((b & 0x7F) << 20)).view(torch.float32)
+KERNEL_OPS: dict[str, object] = {}  # kind -> torch.ops.llmc.matvec_<kind>.default, defined by the passes that pack
 
 
-def _define_kernel_op(kind: str):
-    """`llmc::matvec_<kind>(x[1, K] f32, P[N/G, K, G]) -> [1, N] f32`: the unscaled one-row product over
-    packed codes. Eager: decode and sum in torch. Compiled: compiler/ukernels.py's C kernel."""
+def define_kernel_op(kind: str, decode: Callable) -> None:
+    """Define `llmc::matvec_<kind>(x[1, K] f32, P[N/G, K, G]) -> [1, N] f32`, the unscaled one-row product
+    over packed codes. decode: the pass's own tensor decode (codes -> f32 as its graph decodes them).
+    Eager: that decode and a sum in torch. Compiled: compiler/ukernels.py's C kernel."""
 
     @torch.library.custom_op(f"llmc::matvec_{kind}", mutates_args=())
     def op(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        w = _decode_codes(kind, p)  # [N/G, K, G]
-        return torch.einsum("k,bkg->bg", x.reshape(-1).float(), w).reshape(1, -1)
+        return torch.einsum("k,bkg->bg", x.reshape(-1).float(), decode(p).float()).reshape(1, -1)
 
     @op.register_fake
     def _(x, p):
         return x.new_empty(1, p.shape[0] * p.shape[2], dtype=torch.float32)
 
-    return getattr(torch.ops.llmc, f"matvec_{kind}").default
+    KERNEL_OPS[kind] = getattr(torch.ops.llmc, f"matvec_{kind}").default
 
 
-KERNEL_OPS = {kind: _define_kernel_op(kind) for kind in ("fp8", "int8", "bf16")}
+def kernel_kind(ctx, kind: str) -> str | None:
+    """`kind` when its one-row products are C kernel calls for this pass context, else None."""
+    return kind if ctx.options.get(KERNEL_OPTION) and kind in KERNEL_OPS else None
+
+
+def rows_form(rows: int, kernel_rows: int) -> str:
+    """The statistics suffix naming how a packed weight's one-row products were written."""
+    parts = ([f"{kernel_rows} one-row product(s) as C kernel calls"] if kernel_rows else []) + (
+        [f"{rows - kernel_rows} one-row product(s) as a reduction"] if rows > kernel_rows else [])
+    return "".join(", " + part for part in parts)
 
 
 def padded(n: int, group: int = PACK) -> int:
@@ -100,14 +102,14 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
         ([*ids, K]) and its ids; default dec(codes) (times the rows' scales).
     outputs: the program's output specs (an output found by node name is renamed with its node).
     group: output channels per packed group, as `pack(w, group)` stored it.
-    kernel: "fp8", "int8" or "bf16": one-row products become `llmc::matvec_<kernel>(x, P)` (the same
-        unscaled sum, run by compiler/ukernels.py's C kernel); `dec` must decode as that kind does.
-    Returns the number of one-row products.
+    kernel: a KERNEL_OPS kind (kernel_kind): one-row products with an f32 x become
+        `llmc::matvec_<kernel>(x, P)` (the same unscaled sum, run by compiler/ukernels.py's C kernel).
+    Returns (one-row products, how many of them are kernel calls).
     """
     call = graph.call_function
     n, k = shape
     npad = padded(n, group)
-    rows = 0
+    rows = kernel_rows = 0
     decoders = set()  # the decode chains' own reads of the codes
 
     def decode():
@@ -126,6 +128,7 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
             if kernel is not None and fake_x is not None and fake_x.dtype == torch.float32:
                 y = call(KERNEL_OPS[kernel], (x, node))
                 decoders.add(y)
+                kernel_rows += 1
             else:
                 lanes = KSPLIT if k % KSPLIT == 0 else 1
                 w = call(_aten.view.default, (decode(), [npad // group, k // lanes, lanes, group]))
@@ -184,7 +187,7 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
             if not _is_cast(user):
                 user.meta.pop("val", None)
                 user.meta.pop("tensor_meta", None)
-    return rows
+    return rows, kernel_rows
 
 
 def replace(graph, old, new, outputs) -> None:

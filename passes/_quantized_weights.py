@@ -173,8 +173,7 @@ class QuantizedWeightsPass(GraphPass):
                 rows = self._decode_packed_at_uses(graph, node, scale_node, tuple(tensor.shape), per_row=scale.shape[0] != 1,
                                                    outputs=sig.output_specs, compute=compute)
                 _packed.propagate_fake(graph, node, scale_node, node.meta.get("val"), stored, scale)
-                how = "C kernel calls" if self.kernel() else "a reduction"
-                decode = f"{codec.form}, packed" + (f", {rows} one-row product(s) as {how}" if rows else "")
+                decode = f"{codec.form}, packed" + _packed.rows_form(*rows)
             else:
                 self._decode_at_uses(graph, node, scale_node, native, compute, stored, scale, sig.output_specs)
                 decode = native or codec.form
@@ -214,11 +213,7 @@ class QuantizedWeightsPass(GraphPass):
             return self._emit_decode(g, codes, g.call_function(_aten.embedding.default, (scale_node, ids)), None, compute)
 
         return _packed.rewrite_uses(graph, node, shape, codec.emit_bits, outputs, scale=scale, per_row=per_row,
-                                    rows_dec=rows_dec, kernel=self.kernel())
-
-    def kernel(self) -> str | None:
-        """The C kernel kind one-row products use (passes/_packed.py `kernel`), or None."""
-        return self.codec.dtype if self.ctx.options.get(_packed.KERNEL_OPTION) and self.codec.dtype in _packed.KERNEL_OPS else None
+                                    rows_dec=rows_dec, kernel=_packed.kernel_kind(self.ctx, codec.dtype))
 
     def _decode_at_uses(self, graph, node, scale_node, native, compute, bits, scale, outputs) -> None:
         """Matrix products read the whole decoded weight (decoded once, ahead of every use); an

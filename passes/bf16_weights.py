@@ -51,6 +51,9 @@ def widen_bf16_bits(bits: torch.Tensor) -> torch.Tensor:
     return (bits.to(torch.int32) << 16).view(torch.float32)
 
 
+_packed.define_kernel_op("bf16", widen_bf16_bits)
+
+
 @register_pass("bf16-weights", Requires(backends=("vulkan-spirv", "llvm-cpu"), dtypes=("bf16",)))
 class Bf16WeightsPass(GraphPass):
     def run(self, program):
@@ -89,12 +92,10 @@ class Bf16WeightsPass(GraphPass):
             table[name] = torch.nn.Parameter(bits, requires_grad=False) if spec.kind == InputKind.PARAMETER else bits
             if packed:
                 fake = node.meta.get("val")
-                kernel = "bf16" if self.ctx.options.get(_packed.KERNEL_OPTION) else None
                 rows = _packed.rewrite_uses(graph, node, tuple(tensor.shape), _emit_widen, sig.output_specs, group=PACK,
-                                            kernel=kernel)
+                                            kernel=_packed.kernel_kind(self.ctx, "bf16"))
                 _packed.propagate_fake(graph, node, None, fake, bits, None)
-                how = "C kernel calls" if kernel else "a reduction"
-                self.stats.rewrite("packed" + (f", {rows} one-row product(s) as {how}" if rows else ""))
+                self.stats.rewrite("packed" + _packed.rows_form(*rows))
             else:
                 self._widen_at_uses(graph, node, sig.output_specs)
                 self.stats.rewrite()

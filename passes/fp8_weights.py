@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import torch
 
+from llmc.passes import _packed
 from llmc.passes._base import Requires, register_pass
 from llmc.passes._quantized_weights import Codec, QuantizedWeightsPass, quantize_rows, register_codec
 
@@ -80,9 +81,14 @@ def decode_sw(bits: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     subnormal codes included (they become f32 subnormals, which IEEE arithmetic scales exactly).
     (An f16 construction with 16-bit lanes measured slower on cpu: IREE's f16 -> f32 widening.)
     """
+    return (decode_bits(bits) * 2.0**120).to(dtype)
+
+
+def decode_bits(bits: torch.Tensor) -> torch.Tensor:
+    """E4M3FN codes (int8 bits) to value x 2^-120 in f32: the integer part of decode_sw, which the cpu
+    graph (_emit_decode_bits) and its C kernel compute, the 2^120 left to the scale."""
     b = bits.to(torch.int32)
-    f = (((b & 0x80) << 24) | ((b & 0x7F) << 20)).view(torch.float32)
-    return (f * 2.0**120).to(dtype)
+    return (((b & 0x80) << 24) | ((b & 0x7F) << 20)).view(torch.float32)
 
 
 def decode_native(bits: torch.Tensor, flavour: str, dtype) -> torch.Tensor:
@@ -103,6 +109,7 @@ def _emit_decode_bits(graph, bits_node):
     return call(_aten.view.dtype, (call(_aten.bitwise_and.Scalar, (call(_aten.__rshift__.Scalar, (top, 4)), -0x78100000)), torch.float32))
 
 
+_packed.define_kernel_op("fp8", decode_bits)
 FP8 = register_codec(Codec(dtype="fp8", option="fp8", scale_suffix=SCALE_SUFFIX, quantize=quantize, decode=decode_sw,
                            emit_bits=_emit_decode_bits, factor=2.0**120, form="software"))
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from llmc.passes import _packed
 from llmc.passes._base import Requires, register_pass
 from llmc.passes._quantized_weights import Codec, QuantizedWeightsPass, quantize_rows, register_codec
 
@@ -59,6 +60,7 @@ def _emit_decode_bits(graph, codes_node):
     return graph.call_function(_aten._to_copy.default, (codes_node,), {"dtype": torch.float32})
 
 
+_packed.define_kernel_op("int8", decode)
 INT8 = register_codec(Codec(dtype="int8", option="quant", scale_suffix=SCALE_SUFFIX, quantize=quantize, decode=decode,
                             emit_bits=_emit_decode_bits, factor=1.0, form="int8"))
 

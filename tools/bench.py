@@ -44,9 +44,7 @@ import torch
 
 BYTES_PER_WEIGHT = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1, "int8": 1}
 TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16}
-KERNEL_DTYPES = ("fp8", "int8", "bf16")  # dtypes whose decode steps use compiler/ukernels.py's kernels
-KERNEL_CHOICES = {"on": (True,), "off": (False,), "both": (True, False)}
-KERNEL_ENV = "LLMC_CPU_KERNELS"
+KERNEL_CHOICES = {"on": (True,), "off": (False,), "both": (True, False)}  # --kernels: builds with / without compiler/ukernels.py's
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -263,6 +261,7 @@ def main(argv=None) -> int:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
     import llmc
+    from llmc.compiler import ukernels
 
     spec = {"config": None if args.checkpoint else args.config, "checkpoint": str(args.checkpoint) if args.checkpoint else None}
     config, llama, name = load_model(spec)
@@ -276,7 +275,7 @@ def main(argv=None) -> int:
     archs = args.arch or ["host"]
     builds = [(d, arch, b, kern) for d in args.dtypes for arch in archs
               for b in ([None, args.prefill_buckets] if args.prefill_buckets else [None])
-              for kern in (KERNEL_CHOICES[args.kernels] if d in KERNEL_DTYPES else (True,))]
+              for kern in (KERNEL_CHOICES[args.kernels] if d in ukernels.KINDS else (True,))]
     for d, arch, buckets, kern in builds:
         key = d if len(archs) == 1 else f"{d} [{arch}]"
         stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
@@ -290,16 +289,16 @@ def main(argv=None) -> int:
             continue
         print(f"bench: compiling {name} for cpu, --dtype {d} --arch {arch} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        saved = os.environ.get(KERNEL_ENV)
-        os.environ[KERNEL_ENV] = "on" if kern else "off"
+        saved = os.environ.get(ukernels.ENV)
+        os.environ[ukernels.ENV] = "on" if kern else "off"
         try:
             art = llmc.compile(args.checkpoint or llama, dtype=d, arch=arch, output=args.out / f"{stem}.vmfb", max_seq_len=max_len,
                                prefill_buckets=buckets or "auto", **({"quant_embeddings": True} if d in ("fp8", "int8") else {}))
         finally:
             if saved is None:
-                os.environ.pop(KERNEL_ENV)
+                os.environ.pop(ukernels.ENV)
             else:
-                os.environ[KERNEL_ENV] = saved
+                os.environ[ukernels.ENV] = saved
         compile_s[key] = time.perf_counter() - start
         artifacts[key] = str(art.vmfb)
     del llama

@@ -106,58 +106,56 @@ static inline __m256 dec_bf16(const uint16_t *p) {
 GROUP8_KERNEL(fp8, dec_fp8)
 GROUP8_KERNEL(int8, dec_int8)
 
-/* ---- 16-channel groups (bf16): NG groups side by side ---- */
+/* ---- 16-channel groups (bf16): 2 groups side by side ---- */
+
+/* One group's 16 channels over K steps i and i + 1 (a: step i, c: step i + 1, two vectors each). */
+static inline void bf16_k2(const uint16_t *p, const float *x, size_t i, __m256 a[2], __m256 c[2]) {
+  __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);
+  a[0] = _mm256_fmadd_ps(dec_bf16(p + i * 16), x0, a[0]);
+  a[1] = _mm256_fmadd_ps(dec_bf16(p + i * 16 + 8), x0, a[1]);
+  c[0] = _mm256_fmadd_ps(dec_bf16(p + i * 16 + 16), x1, c[0]);
+  c[1] = _mm256_fmadd_ps(dec_bf16(p + i * 16 + 24), x1, c[1]);
+}
+
+/* The last K step when K is odd. */
+static inline void bf16_k1(const uint16_t *p, const float *x, size_t i, __m256 a[2]) {
+  __m256 x0 = _mm256_broadcast_ss(x + i);
+  a[0] = _mm256_fmadd_ps(dec_bf16(p + i * 16), x0, a[0]);
+  a[1] = _mm256_fmadd_ps(dec_bf16(p + i * 16 + 8), x0, a[1]);
+}
+
+static inline void bf16_store(float *y, const __m256 a[2], const __m256 c[2]) {
+  _mm256_storeu_ps(y, _mm256_add_ps(a[0], c[0]));
+  _mm256_storeu_ps(y + 8, _mm256_add_ps(a[1], c[1]));
+}
 
 static inline void bf16_groups(const float *restrict x, const uint16_t *restrict p, float *restrict y, size_t k,
                                size_t first, size_t count) {
   size_t b = first, end = first + count;
-  for (; b + 2 <= end; b += 2) {
+  for (; b + 2 <= end; b += 2) { /* two streams, each prefetched ahead */
     const uint16_t *p0 = p + b * k * 16, *p1 = p0 + k * 16;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+    __m256 a0[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, c0[2] = {a0[0], a0[0]}, a1[2] = {a0[0], a0[0]}, c1[2] = {a0[0], a0[0]};
     size_t i = 0;
     for (; i + 2 <= k; i += 2) {
       _mm_prefetch((const char *)(p0 + i * 16) + PREFETCH_BYTES, _MM_HINT_T0);
       _mm_prefetch((const char *)(p1 + i * 16) + PREFETCH_BYTES, _MM_HINT_T0);
-      __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);
-      a0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16), x0, a0);
-      a1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 8), x0, a1);
-      a2 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16), x0, a2);
-      a3 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16 + 8), x0, a3);
-      c0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 16), x1, c0);
-      c1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 24), x1, c1);
-      c2 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16 + 16), x1, c2);
-      c3 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16 + 24), x1, c3);
+      bf16_k2(p0, x, i, a0, c0);
+      bf16_k2(p1, x, i, a1, c1);
     }
     if (i < k) {
-      __m256 x0 = _mm256_broadcast_ss(x + i);
-      a0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16), x0, a0);
-      a1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 8), x0, a1);
-      a2 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16), x0, a2);
-      a3 = _mm256_fmadd_ps(dec_bf16(p1 + i * 16 + 8), x0, a3);
+      bf16_k1(p0, x, i, a0);
+      bf16_k1(p1, x, i, a1);
     }
-    _mm256_storeu_ps(y + b * 16, _mm256_add_ps(a0, c0));
-    _mm256_storeu_ps(y + b * 16 + 8, _mm256_add_ps(a1, c1));
-    _mm256_storeu_ps(y + b * 16 + 16, _mm256_add_ps(a2, c2));
-    _mm256_storeu_ps(y + b * 16 + 24, _mm256_add_ps(a3, c3));
+    bf16_store(y + b * 16, a0, c0);
+    bf16_store(y + b * 16 + 16, a1, c1);
   }
-  for (; b < end; b++) {
+  if (b < end) { /* an odd group out */
     const uint16_t *p0 = p + b * k * 16;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, c0 = a0, c1 = a0;
+    __m256 a0[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, c0[2] = {a0[0], a0[0]};
     size_t i = 0;
-    for (; i + 2 <= k; i += 2) {
-      __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);
-      a0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16), x0, a0);
-      a1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 8), x0, a1);
-      c0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 16), x1, c0);
-      c1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 24), x1, c1);
-    }
-    if (i < k) {
-      __m256 x0 = _mm256_broadcast_ss(x + i);
-      a0 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16), x0, a0);
-      a1 = _mm256_fmadd_ps(dec_bf16(p0 + i * 16 + 8), x0, a1);
-    }
-    _mm256_storeu_ps(y + b * 16, _mm256_add_ps(a0, c0));
-    _mm256_storeu_ps(y + b * 16 + 8, _mm256_add_ps(a1, c1));
+    for (; i + 2 <= k; i += 2) bf16_k2(p0, x, i, a0, c0);
+    if (i < k) bf16_k1(p0, x, i, a0);
+    bf16_store(y + b * 16, a0, c0);
   }
 }
 

@@ -179,6 +179,27 @@ def test_a_compiler_that_fails_means_no_kernels_not_a_failed_compile(tmp_path, m
     assert KERNEL_OPTION not in pipeline.build(_cpu("x86-64-v3", "f32")).ctx.options  # f32 weights are not packed
 
 
+def test_import_refuses_a_kernel_op_of_another_form():
+    """The C kernel has one form (x [1, K] f32, codes [G, K, 8]): an op that does not match is a clear
+    compile error (exit 3) at import, not a miscompiled dispatch."""
+    from llmc.compiler import export, importer
+
+    class Mismatched(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("p", torch.zeros(2, 4, 8, dtype=torch.int8))
+
+        def forward(self, x):
+            return _packed.KERNEL_OPS["fp8"](x, self.p)
+
+    ep = torch.export.export(Mismatched(), (torch.randn(1, 5),))  # K = 5, codes for K = 4
+    with pytest.raises(CompileError) as e:
+        importer.import_programs([(export.Exported(ep, ""), "main")])
+    assert str(e.value) == ("llmc::matvec_fp8 takes x [1, K] f32 and si8 codes [N/8, K, 8], static; "
+                            "got !torch.vtensor<[1,5],f32> and !torch.vtensor<[2,4,8],si8>")
+    assert e.value.exit_code == 3
+
+
 def test_link_leaves_a_module_without_kernels_alone():
     text = "module {\n  func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {\n    return %a : tensor<4xf32>\n  }\n}\n"
     assert ukernels.link(text) is text

@@ -1,5 +1,5 @@
-"""tools/bench.py end to end on the tiny Llama: one fp8 artifact and both eager references at one
-thread, one round. Checks what the report claims against its own raw samples (medians, ratios,
+"""tools/bench.py end to end on the tiny Llama: fp8 artifacts (with and without prefill buckets, with and
+without the cpu matvec kernels) and both eager references at one thread, one round. Checks what the report claims against its own raw samples (medians, ratios,
 roofline) and that every output file is written; speed itself is not tested (it is a benchmark)."""
 
 import json
@@ -17,7 +17,7 @@ BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench.py"
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run([sys.executable, str(BENCH), "--config", "tiny", "--dtypes", "fp8", "--threads", "1", "--prompt", "8",
-                           "--decode", "4", "--reps", "1", "--prefill-buckets", "8", "--out", str(out)],
+                           "--decode", "4", "--reps", "1", "--prefill-buckets", "8", "--kernels", "both", "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return out, json.loads((out / "bench.json").read_text()), proc.stdout
@@ -26,7 +26,8 @@ def report(tmp_path_factory):
 def test_rows_are_the_medians_of_the_samples_and_ratios_of_the_rows(report):
     _, rep, _ = report
     (run,) = rep["runs"]
-    assert run["threads"] == 1 and set(run["samples"]) == {"llmc fp8", "llmc fp8 [buckets 8]", "eager f32", "eager bf16"}
+    assert run["threads"] == 1 and set(run["samples"]) == {"llmc fp8", "llmc fp8 [buckets 8]", "llmc fp8 [no kernels]",
+                                                           "llmc fp8 [buckets 8] [no kernels]", "eager f32", "eager bf16"}
     rows = {(r["phase"], r["engine"]): r for r in rep["rows"]}
     assert set(rows) == {(p, e) for p in ("prefill", "decode") for e in run["samples"]}
     for (phase, engine), r in rows.items():
@@ -72,9 +73,23 @@ def test_the_bucket_build_prefills_with_its_bucket(report):
     point (the 8-token prompt fills bucket 8), the first's on the dynamic prefill."""
     out, rep, _ = report
     (run,) = rep["runs"]
-    assert run["prefill_functions"] == {"llmc fp8": ["prefill"], "llmc fp8 [buckets 8]": ["prefill_8"]}
+    assert run["prefill_functions"] == {"llmc fp8": ["prefill"], "llmc fp8 [buckets 8]": ["prefill_8"],
+                                        "llmc fp8 [no kernels]": ["prefill"], "llmc fp8 [buckets 8] [no kernels]": ["prefill_8"]}
     buckets = json.loads((out / "fp8-b8.json").read_text())["llm"]["prefill_buckets"]
     assert [b["tokens"] for b in buckets] == [8]
+
+
+def test_kernels_both_builds_each_narrow_dtype_with_and_without_them(report):
+    """--kernels both: the second build of each dtype is compiled with LLMC_CPU_KERNELS=off, which its
+    manifest's pass statistics show."""
+    out, _, _ = report
+
+    def forms(stem):
+        fp8 = next(p for p in json.loads((out / f"{stem}.json").read_text())["passes"] if p["name"] == "fp8-weights")
+        return " ".join(fp8["forms"])
+
+    assert "as C kernel calls" in forms("fp8") and "as a reduction" not in forms("fp8")
+    assert "as a reduction" in forms("fp8-nokernels") and "C kernel" not in forms("fp8-nokernels")
 
 
 @pytest.mark.parametrize("args, message", [
