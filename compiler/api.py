@@ -44,6 +44,7 @@ def compile_model(
     int8_math: str = "integer",
     tensor_parallel: int = 1,
     prefill_buckets="auto",
+    static_decode: str = "auto",
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
 
@@ -75,6 +76,8 @@ def compile_model(
     prefill_buckets (Llama checkpoints): prompt sizes that get a prefill entry point of their own with
     the length fixed (the prompt padded to it): "auto" (hip and cuda: 128, 512 and 2048 up to
     max_seq_len; none on cpu, vulkan and xpu), "none", a list such as (128, 512), or the CLI's text "128,512".
+    static_decode (Llama checkpoints): "on" adds `decode_static`, a decode step with every shape fixed
+    that generate() uses for its steps, "off" leaves it out, "auto" picks per target (compiler/llm.py).
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,
@@ -83,9 +86,12 @@ def compile_model(
         quant_exclude=_patterns(quant_exclude), quant_embeddings=quant_embeddings,
         fp8_exclude=_patterns(fp8_exclude), fp8_scales=fp8_scales, fp8_embeddings=fp8_embeddings,
         cpu_dispatch=cpu_dispatch, int8_math=int8_math, tensor_parallel=tensor_parallel, prefill_buckets=prefill_buckets,
+        static_decode=static_decode,
     )
     opts.resolve()  # bad target, dtype or quantization options fail before anything is loaded
     buckets = targets.parse_buckets(prefill_buckets)  # so does a malformed --prefill-buckets
+    if static_decode not in ("auto", "on", "off"):
+        raise UsageError(f"--static-decode={static_decode!r}: choose auto, on or off")
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
         raise UsageError(f"{model}: no such file or directory")
     from llmc.compiler import llm
@@ -101,6 +107,8 @@ def compile_model(
         raise UsageError(f"--tensor-parallel applies to Llama checkpoints; {what} is not one")
     if buckets != "auto":
         raise UsageError(f"--prefill-buckets applies to Llama checkpoints; {what} is not one")
+    if static_decode != "auto":
+        raise UsageError(f"--static-decode applies to Llama checkpoints; {what} is not one")
     return compile_program(model, tuple(example_args), example_kwargs, dynamic_shapes, opts)
 
 

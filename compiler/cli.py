@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Llama checkpoints: prompt sizes with a prefill entry point of their own, the length fixed and the "
                         "prompt padded to it (static shapes: much faster matmuls on GPUs); auto (the default): 128,512,2048 "
                         "up to --max-seq-len on hip and cuda, none on cpu, vulkan and xpu")
+    c.add_argument("--static-decode", choices=("auto", "on", "off"), default="auto",
+                   help="Llama checkpoints: also export a decode step with every shape fixed (attention over the whole "
+                        "cache, masked), which a GPU runtime can record once and replay; auto (the default): "
+                        "see docs/targets.md")
     c.add_argument("-o", "--output", default=None, help="output .vmfb path (default ./MODEL_STEM.vmfb)")
     c.add_argument("--dump-ir", default=None, metavar="DIR", help="write the IR after import and after each pass")
     c.add_argument("--repro-dir", default=None, metavar="DIR", help="where to save reproducers on failure (default: the output folder)")
@@ -214,6 +218,7 @@ def cmd_compile(args) -> int:
         int8_math=args.int8_math,
         tensor_parallel=args.tensor_parallel,
         prefill_buckets=args.prefill_buckets,
+        static_decode=args.static_decode,
     )
     # compile_model validates the path, target and output before any work; Llama checkpoints
     # (Meta .pth + params.json, HF folders) become a prefill + decode module (compiler/llm.py).
@@ -335,6 +340,9 @@ def cmd_info(args) -> int:
             fill = m["llm"].get("prefill_bucket_min_fill", 0.0)
             print(f"prefill:  buckets {', '.join(str(b['tokens']) for b in buckets)} tokens (static-shape entry points; a prompt pads "
                   f"to the smallest that holds it{f' and is at least {fill:.0%} full' if fill else ''}), else the dynamic prefill")
+        if m["llm"].get("decode_static"):
+            print(f"decode:   {m['llm']['decode_static']['function']} for every step (static shapes: the position an input, "
+                  "attention over the whole cache masked past it)")
         tp = m["llm"].get("tensor_parallel")
         if tp:
             per = tp.get("param_bytes_by_device") or []

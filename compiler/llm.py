@@ -42,7 +42,7 @@ from llmc.compiler.targets import parse_buckets
 from llmc.errors import ExportError, UsageError
 from llmc.models.llama.config import LlamaConfig
 from llmc.models.llama import tensor_parallel as tensor_parallel_llama
-from llmc.models.llama.model import Llama, LlamaDecode, LlamaPrefill, LlamaPrefillBucket, new_cache
+from llmc.models.llama.model import Llama, LlamaDecode, LlamaDecodeStatic, LlamaPrefill, LlamaPrefillBucket, new_cache
 
 DEFAULT_MAX_SEQ_LEN = 4096
 
@@ -86,6 +86,16 @@ def resolve_buckets(spec, target, max_seq_len: int, tensor_parallel: int) -> tup
         raise UsageError(f"--prefill-buckets: {', '.join(map(str, too_long))} exceed the KV cache (--max-seq-len {max_seq_len}); "
                          "give sizes up to it or raise --max-seq-len")
     return spec
+
+
+def resolve_static_decode(spec, target, tensor_parallel: int) -> bool:
+    """Whether to export decode_static for --static-decode `spec` ("auto", "on", "off") on this target.
+    auto: off everywhere for now (docs/targets.md: what a replayed step gains is measured per target)."""
+    if spec not in ("auto", "on", "off"):
+        raise UsageError(f"--static-decode={spec!r}: choose auto, on or off")
+    if spec == "on" and tensor_parallel > 1:
+        raise UsageError("--static-decode on: not available with --tensor-parallel yet; leave it out")
+    return spec == "on"
 
 
 def is_llama_checkpoint(path) -> bool:
@@ -200,12 +210,13 @@ def _default_len(config: LlamaConfig) -> int:
 
 
 def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool | tuple = False,
-               tensor_parallel: int = 1, prefill_buckets: tuple[int, ...] = ()) -> list[lower.Entry]:
+               tensor_parallel: int = 1, prefill_buckets: tuple[int, ...] = (), static_decode: bool = False) -> list[lower.Entry]:
     """Export prefill and decode over one converted copy of the model, as the module's entry points.
     keep_narrow_linears: see export.convert_module (fp8/int8 quantized from the checkpoint's own dtype, bf16
     weights under f32 math stored as they are). tensor_parallel: N > 1 exports the model split over N
     devices (models/llama/tensor_parallel.py), each cache shard an argument on its device. prefill_buckets:
-    one more entry point per size, `prefill_<size>`, with the prompt length fixed (LlamaPrefillBucket)."""
+    one more entry point per size, `prefill_<size>`, with the prompt length fixed (LlamaPrefillBucket).
+    static_decode: one more entry point, `decode_static`, a decode step with every shape fixed (LlamaDecodeStatic)."""
     from torch.export import Dim
 
     tdt = dtypes.compute_torch_dtype(dtype)
@@ -257,6 +268,10 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
             args = (torch.zeros(1, size, dtype=torch.int64), torch.tensor([size], dtype=torch.int64), *cache)
             ep = _export(name, LlamaPrefillBucket(llama), args, None)
             entries.append(lower.Entry(export.Exported(ep, strip_prefix=strip), name, tied=tied["decode"], logits_output=0))
+        if static_decode:
+            args = (torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), *cache)
+            ep = _export("decode_static", LlamaDecodeStatic(llama), args, None)
+            entries.append(lower.Entry(export.Exported(ep, strip_prefix=strip), "decode_static", tied=tied["decode"], logits_output=0))
     return entries
 
 
@@ -327,13 +342,14 @@ def compile_llm(model, opts: lower.CompileOptions):
                 (k, tuple(v) + tuple(f"{tensor_parallel_llama.SHARD_PREFIX}*.{p}" for p in pats)) if k in ("fp8_exclude", "quant_exclude") else (k, v)
                 for k, v in target.pass_options))
     buckets = resolve_buckets(opts.prefill_buckets, target, max_seq_len, n)
+    static = resolve_static_decode(opts.static_decode, target, n)
     with phases.phase("export"):
         entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target), tensor_parallel=n,
-                             prefill_buckets=buckets)
+                             prefill_buckets=buckets, static_decode=static)
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases,
                                  param_device=tensor_parallel_llama.device_of_param if n > 1 else None)
     llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem), tensor_parallel=n,
-                       prefill_buckets=buckets, min_fill=MIN_FILL["cpu" if target.name == "cpu" else "gpu"])
+                       prefill_buckets=buckets, min_fill=MIN_FILL["cpu" if target.name == "cpu" else "gpu"], static_decode=static)
     if n > 1:
         llm["tensor_parallel"]["param_bytes_by_device"] = param_bytes_by_device(lowered.store, n)
     return lower.write_artifact(
@@ -353,12 +369,13 @@ def param_bytes_by_device(store, n: int) -> list[int]:
 
 
 def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: dict | None = None, tensor_parallel: int = 1,
-                 prefill_buckets: tuple[int, ...] = (), min_fill: float = 0.0) -> dict:
+                 prefill_buckets: tuple[int, ...] = (), min_fill: float = 0.0, static_decode: bool = False) -> dict:
     """The manifest's `llm` section: what generate() and `llmc run` need besides the entry points.
     tokenizer: tokenizer_manifest's record, or None when the checkpoint had none. tensor_parallel: N > 1
     describes the split module: N cache shards a layer (cache_order), each on its device.
     prefill_buckets: the sizes of the prefill_<size> entry points; min_fill: the least share of one a
-    prompt must fill for generate() to pad it to that bucket."""
+    prompt must fill for generate() to pad it to that bucket. static_decode: the module has decode_static
+    (LlamaDecodeStatic), which generate() then runs for every decode step."""
     n = tensor_parallel
     n_cache = 2 * config.n_layers * n
     if n > 1:
@@ -393,6 +410,8 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
         "prefill_bucket_min_fill": min_fill,
         "tokenizer": tokenizer,
     }
+    if static_decode:
+        out["decode_static"] = {"function": "decode_static", "position_arg": 1, "cache_args_start": 2}
     if tp is not None:
         out["tensor_parallel"] = tp
     return out

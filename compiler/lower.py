@@ -72,6 +72,9 @@ class CompileOptions:
     # Llama checkpoints: static-length prefill entry points, "auto" (hip, cuda: 128, 512, 2048), or a
     # tuple of sizes (compiler/llm.py resolve_buckets)
     prefill_buckets: object = "auto"
+    # Llama checkpoints: a decode_static entry point (every shape fixed, so the GPU runtime can replay
+    # a recorded step): "auto", "on" or "off" (compiler/llm.py resolve_static_decode)
+    static_decode: str = "auto"
 
     def resolve(self) -> targets.ResolvedTarget:
         if self.int8_math not in ("integer", "float"):

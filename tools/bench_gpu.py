@@ -5,6 +5,7 @@ torch-mlir, and only a small working tree (64 MiB) travels to it:
 
     python tools/bench_gpu.py prepare --out .gpu           # here: checkpoints, compiles, weight recipes
     python tools/bench_gpu.py run --dir .gpu --out OUTDIR  # there: rebuild weights, run, time, compare
+    python tools/bench_gpu.py probe --dir .gpu --case NAME --out OUTDIR  # there: one decode step, broken down
 
 prepare compiles every case of the plan (below) and writes, per case, the .vmfb and its manifest.
 A speed case's .irpa (250 MB to 2.5 GB) does not travel: its *recipe* does, the archive's entries in
@@ -66,6 +67,7 @@ def plan(target: str) -> list[dict]:
 
     if not gpu:  # the CPU rehearsal: one of each kind
         speed("tiny-f32", "tiny", "f32", max_len=256)
+        speed("tiny-f32-static", "tiny", "f32", max_len=256, compile_args=["--static-decode", "on"])
         check("tiny-check-f32", "f32")
         return cases
     speed("small-f16", "small-125m", "f16", profile=True)
@@ -82,9 +84,17 @@ def plan(target: str) -> list[dict]:
     speed("small-f16-O3-aggressive-fusion", "small-125m", "f16",
           flags=["--iree-opt-level=O3", "--iree-dispatch-creation-enable-aggressive-fusion"])
     speed("small-bf16", "small-125m", "bf16")
+    # The decode step with every shape fixed (--static-decode on): IREE records its command buffer once
+    # (memoization and indirect bindings: IREE 3.13's defaults, the flags change no byte of the .vmfb).
+    static = ["--static-decode", "on"]
+    speed("small-f16-static", "small-125m", "f16", compile_args=static, profile=True)
+    speed("small-f16-static-graphs", "small-125m", "f16", compile_args=static, runtime_flags=["--cuda_use_streams=false"])
+    speed("small-f16-static-fusion", "small-125m", "f16", compile_args=static,
+          flags=["--iree-dispatch-creation-enable-aggressive-fusion"])
     speed("1b-f16", "llama3.2-1b", "f16", profile=True, max_len=1024)
     speed("1b-f16-graphs", "llama3.2-1b", "f16", runtime_flags=["--cuda_use_streams=false"], max_len=1024)
     speed("1b-f16-dynamic-prefill", "llama3.2-1b", "f16", max_len=1024, compile_args=["--prefill-buckets", "none"])
+    speed("1b-f16-static", "llama3.2-1b", "f16", compile_args=static, max_len=1024)
     for d in ("f32", "f16", "bf16", "fp8", "int8"):
         check(f"tiny-cuda-{d}", d)
     for d in ("f32", "f16"):
@@ -481,6 +491,78 @@ def _profile(mod, prompt) -> dict:
     return out
 
 
+def probe(args) -> int:
+    """Where one decode step's time goes, for one case: IREE alone (iree-benchmark-module, every input
+    a splat, streams and CUDA graphs on cuda), then the pieces of llmc's Python step. Writes OUT/probe.json."""
+    import iree.runtime as rt
+    import numpy as np
+
+    import llmc.runtime
+    from llmc.runtime.module import PARAM_SCOPE
+
+    src, out = Path(args.dir).resolve(), Path(args.out)
+    work = Path(args.work or tempfile.mkdtemp(prefix="llmc-probe-"))
+    work.mkdir(parents=True, exist_ok=True)
+    case = {c["name"]: c for c in json.loads((src / "plan.json").read_text())}[args.case]
+    rebuild_archive(case, src, work)
+    vmfb, man = work / f"{args.case}.vmfb", json.loads((src / f"{args.case}.json").read_text())
+    llm, entries = man["llm"], man["entry_points"]
+    pos = min(PROMPT_LEN + NEW_TOKENS // 2, llm["max_seq_len"] - 2)  # the step's position
+    steps = [e for e in ("decode_static", "decode") if e in entries]
+    tool = Path(rt.__file__).parent.parent / "_runtime_libs" / "iree-benchmark-module"
+    device = "cuda" if args.torch_device == "cuda" else "local-task"
+    abbrev = {"int64": "i64", "float16": "f16", "float32": "f32", "bfloat16": "bf16"}
+    report = {"case": args.case, "position": pos, "iree_benchmark_module_ms": {}}
+    for mode, flags in (("streams", []), ("graphs", ["--cuda_use_streams=false"])) if device == "cuda" else (("local-task", []),):
+        for entry in steps:
+            inputs = []
+            for i in entries[entry]["inputs"]:
+                shape = [d if isinstance(d, int) else pos + 1 for d in i["shape"]]  # decode's one dynamic size: the mask, L = pos + 1
+                value = {"attention_mask": 1, "position": pos}.get(i["name"], 0)
+                inputs.append(f"--input={'x'.join(map(str, shape))}x{abbrev[i['dtype']]}={value}")
+            cmd = [str(tool), f"--device={device}", f"--module={vmfb}", f"--parameters={PARAM_SCOPE}={work / (args.case + '.irpa')}",
+                   f"--function={entry}", "--benchmark_repetitions=5", "--benchmark_min_time=0.5s", *flags, *inputs]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            median = [l.split()[1] for l in r.stdout.splitlines() if "real_time_median" in l]
+            report["iree_benchmark_module_ms"][f"{entry} {mode}"] = float(median[0]) if median and r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
+
+    mod = llmc.runtime.load(vmfb)
+    mod._ensure_loaded()
+    dev, spec = mod.devices[0], llm["cache"]
+    from llmc import dtypes
+
+    cache = [rt.asdevicearray(dev, np.zeros(spec["shape"], dtype=dtypes.by_name(spec["dtype"]).numpy)) for _ in range(spec["count"])]
+    tok = np.asarray([[5]], dtype=np.int64)
+
+    def median_ms(fn, n=60):
+        for _ in range(5):
+            fn()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return round(1e3 * statistics.median(times), 4)
+
+    py = report["python_ms"] = {}
+    for entry in steps:
+        f = mod.entry_points[entry].call_raw
+        extra = [np.asarray([pos], dtype=np.int64)] if entry == "decode_static" else [np.ones((1, pos + 1), dtype=np.int64)]
+        on_device = [rt.asdevicearray(dev, a) for a in (tok, *extra)]
+        logits = f([tok, *extra, *cache])[0]
+        py[f"{entry}: call, host inputs"] = median_ms(lambda: f([tok, *extra, *cache]))
+        py[f"{entry}: call, inputs on the device"] = median_ms(lambda: f([*on_device, *cache]))
+        py[f"{entry}: call + Module.host(logits)"] = median_ms(lambda: mod.host(f([tok, *extra, *cache])[0]))
+    py["iree.runtime DeviceArray.to_host(logits)"] = median_ms(lambda: logits.to_host())
+    py["llmc Module.host(logits)"] = median_ms(lambda: mod.host(logits))
+    py["asdevicearray(token)"] = median_ms(lambda: rt.asdevicearray(dev, tok))
+    report["host_copy_equal"] = bool(np.array_equal(logits.to_host(), mod.host(logits)))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    return 0
+
+
 def child(args) -> int:
     """One unit of `run` in its own process: a PyTorch reference or one llmc case; JSON on stdout."""
     work, src = Path(args.work), Path(args.dir)
@@ -536,7 +618,7 @@ def run(args) -> int:
     report = {"machine": _machine(args.torch_device), "refs": {}, "cases": {},
               "not_run": {c["name"]: (f"compile failed: {c['compile_error']}" if "compile_error" in c else
                                       f"flags {' '.join(c['flags'])} changed nothing: the same .vmfb as {c['same_binary_as']}")
-                          for c in planned if c not in cases}}
+                          for c in planned if "compile_error" in c or "same_binary_as" in c}}
     if args.torch_device == "cuda":
         report["machine"]["copy_gb_s"] = _bandwidth_gb_s("cuda")
     common = ["--dir", str(src), "--work", str(work), "--torch-device", args.torch_device]
@@ -653,6 +735,12 @@ def main(argv=None) -> int:
     pr.add_argument("--torch-device", default="cuda", choices=("cuda", "cpu"))
     pr.add_argument("--timeout", type=int, default=150, help="seconds per case process")
     pr.add_argument("--only", nargs="*", help="case names")
+    pb = sub.add_parser("probe", help="one case's decode step, broken down: IREE alone, then llmc's Python call (there)")
+    pb.add_argument("--dir", default=".gpu")
+    pb.add_argument("--case", required=True)
+    pb.add_argument("--out", required=True)
+    pb.add_argument("--work", help="scratch folder (default: a new temporary one)")
+    pb.add_argument("--torch-device", default="cuda", choices=("cuda", "cpu"), help="cpu: the module runs on local-task")
     pc = sub.add_parser("child")
     pc.add_argument("--dir", required=True)
     pc.add_argument("--work", required=True)
@@ -661,7 +749,7 @@ def main(argv=None) -> int:
     pc.add_argument("--case")
     pc.add_argument("--ref")
     args = p.parse_args(argv)
-    return {"prepare": prepare, "run": run, "child": child}[args.cmd](args)
+    return {"prepare": prepare, "run": run, "child": child, "probe": probe}[args.cmd](args)
 
 
 def ensure_llmc_importable() -> None:

@@ -8,7 +8,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from llmc.models.llama.config import get_config  # noqa: E402
-from llmc.models.llama.model import Llama, LlamaDecode, LlamaPrefill, init_random, new_cache, rope_inv_freq  # noqa: E402
+from llmc.models.llama.model import Llama, LlamaDecode, LlamaDecodeStatic, LlamaPrefill, init_random, new_cache, rope_inv_freq  # noqa: E402
 
 
 def _rel(a, b):
@@ -57,6 +57,26 @@ def test_prefill_then_decode_equals_full_forward(name):
             assert _rel(out[0][0, -1], full[0, pos]) <= 1e-5, pos
         # The cache holds exactly the positions written so far; the rest is still zero.
         assert cache[0][:, :, :40].abs().sum() > 0 and cache[0][:, :, 40:].abs().sum() == 0
+
+
+def test_static_decode_equals_decode_over_a_cache_with_junk_past_the_position():
+    """LlamaDecodeStatic attends over the whole cache: rows past the position hold junk (a bucket
+    prefill's pads) and must be masked out; its logits and written row equal LlamaDecode's."""
+    config = get_config("tiny-llama3")
+    model = init_random(config, seed=4, rope_positions=48)
+    tokens = torch.randint(0, config.vocab_size, (1, 30), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        cache = LlamaPrefill(model)(tokens[:, :20], *new_cache(config, 48))[1:]
+        junk = [c.clone() for c in cache]
+        for c in junk:
+            c[:, :, 20:] = torch.randn(c[:, :, 20:].shape, generator=torch.Generator().manual_seed(6)) * 5
+        for pos in range(20, 30):
+            want = LlamaDecode(model)(tokens[:, pos : pos + 1], torch.ones(1, pos + 1, dtype=torch.int64), *cache)
+            got = LlamaDecodeStatic(model)(tokens[:, pos : pos + 1], torch.tensor([pos]), *junk)
+            assert _rel(got[0], want[0]) <= 1e-5, pos
+            for g, w in zip(got[1:], want[1:]):
+                assert _rel(g[:, :, : pos + 1], w[:, :, : pos + 1]) <= 1e-6
+            cache, junk = want[1:], got[1:]
 
 
 def test_decode_mask_zero_hides_a_position():

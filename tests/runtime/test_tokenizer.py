@@ -236,5 +236,6 @@ def test_generation_record():
     one = Generation(prompt_ids=[1, 2], tokens=[3], prefill_seconds=0.1)
     assert one.decode_tokens_per_s is None and one.summary().endswith("1 new tokens, decode - tok/s")
     assert one.as_json() == {"prefill_seconds": 0.1, "decode_seconds": 0.0, "prefill_tokens_per_s": 20.0, "decode_tokens_per_s": None,
-                             "prefill_function": None}
+                             "prefill_function": None, "decode_function": None}
     assert Generation(prompt_ids=[1], tokens=[2], prefill_function="prefill_128").as_json()["prefill_function"] == "prefill_128"
+    assert Generation(prompt_ids=[1], tokens=[2], decode_function="decode_static").as_json()["decode_function"] == "decode_static"

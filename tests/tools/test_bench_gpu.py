@@ -66,3 +66,16 @@ def test_run_refuses_weights_that_differ_from_the_compiled_ones(prepared, tmp_pa
     assert r.returncode == 0, r.stderr  # the run reports per case; one bad case does not end it
     case = json.loads((tmp_path / "out" / "gpu-bench.json").read_text())["cases"]["tiny-f32"]
     assert "differs from the compiled one" in case["error"] and victim["name"] in case["error"]
+
+
+def test_probe_times_each_decode_entry_alone_and_from_python(tmp_path):
+    r = _tool("prepare", "--target", "cpu", "--only", "tiny-f32-static", "--out", str(tmp_path / "gpu"), "--scratch", str(tmp_path / "s"))
+    assert r.returncode == 0, r.stderr
+    r = _tool("probe", "--dir", str(tmp_path / "gpu"), "--case", "tiny-f32-static", "--out", str(tmp_path / "out"), "--torch-device", "cpu")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "out" / "probe.json").read_text())
+    # both entry points ran in iree-benchmark-module (a float, not its error line) and from Python
+    assert set(rep["iree_benchmark_module_ms"]) == {"decode_static local-task", "decode local-task"}
+    assert all(isinstance(v, float) and v > 0 for v in rep["iree_benchmark_module_ms"].values()), rep
+    assert {k.split(":")[0] for k in rep["python_ms"] if ":" in k} == {"decode_static", "decode"}
+    assert all(v > 0 for v in rep["python_ms"].values()) and rep["host_copy_equal"] is True
