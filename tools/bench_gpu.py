@@ -95,6 +95,11 @@ def plan(target: str) -> list[dict]:
     speed("1b-f16-graphs", "llama3.2-1b", "f16", runtime_flags=["--cuda_use_streams=false"], max_len=1024)
     speed("1b-f16-dynamic-prefill", "llama3.2-1b", "f16", max_len=1024, compile_args=["--prefill-buckets", "none"])
     speed("1b-f16-static", "llama3.2-1b", "f16", compile_args=static, max_len=1024)
+    # Prefill's 128-row matmuls fill few workgroups (128x2048 outputs of the down projection, K = 8192):
+    # split the reduction so more of the GPU works on each. Measured: no prefill gain, decode 2x slower
+    # (split-reduction); splitk4 fails to compile the dynamic prefill (docs/targets.md)
+    speed("1b-f16-splitk4", "llama3.2-1b", "f16", max_len=1024, flags=["--iree-dispatch-creation-split-matmul-reduction=4"])
+    speed("1b-f16-split-reduction", "llama3.2-1b", "f16", max_len=1024, flags=["--iree-dispatch-creation-enable-split-reduction"])
     for d in ("f32", "f16", "bf16", "fp8", "int8"):
         check(f"tiny-cuda-{d}", d)
     for d in ("f32", "f16"):
