@@ -90,8 +90,7 @@ def compile_model(
     )
     opts.resolve()  # bad target, dtype or quantization options fail before anything is loaded
     buckets = targets.parse_buckets(prefill_buckets)  # so does a malformed --prefill-buckets
-    if static_decode not in ("auto", "on", "off"):
-        raise UsageError(f"--static-decode={static_decode!r}: choose auto, on or off")
+    targets.check_static_decode(static_decode)
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
         raise UsageError(f"{model}: no such file or directory")
     from llmc.compiler import llm

@@ -704,6 +704,13 @@ def llvm_cpu_features(arch: str) -> tuple[str, tuple[str, ...]]:
     return attr("cpu"), tuple(sorted(features))
 
 
+def check_static_decode(spec) -> str:
+    """--static-decode: "auto", "on" or "off"."""
+    if spec not in ("auto", "on", "off"):
+        raise UsageError(f"--static-decode={spec!r}: choose auto, on or off")
+    return spec
+
+
 def parse_buckets(spec):
     """--prefill-buckets: "auto", "none", token counts "128,512", or sizes from the Python API (128, 512)
     -> "auto" or a sorted tuple of distinct sizes, each at least 2."""
