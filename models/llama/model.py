@@ -299,25 +299,29 @@ class LlamaDecode(nn.Module):
         bias = torch.zeros(attention_mask.shape, dtype=h.dtype).masked_fill(attention_mask == 0, float("-inf"))
         bias = bias[:, None, None, :]
         row = torch.arange(n - 1, n)
-        out_cache = []
-        for i, layer in enumerate(m.model.layers):
-            attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
-            kc = cache[2 * i].index_copy(2, row, k)
-            vc = cache[2 * i + 1].index_copy(2, row, v)
-            out_cache += [kc, vc]
-            # slice_copy, not kc[:, :, :n]: a plain slice makes torch.export guard n != max_seq_len (it
-            # special-cases a full-length slice), which rejects the last cache position. In IREE both are
-            # the same tensor.extract_slice, fused into the attention's consumers (no copy).
-            keys = torch.ops.aten.slice_copy.Tensor(kc, 2, 0, n)
-            values = torch.ops.aten.slice_copy.Tensor(vc, 2, 0, n)
-            # Plain SDPA: GPU targets fuse it; on llvm-cpu the decompose-attention pass writes one-query-row
-            # attention as f32 multiply + sum without expanding the cache (passes/decompose_attention.py).
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
-            h = h + attn.out(o)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = m.lm_head(m.model.norm(h))
+        # slice_copy, not kc[:, :, :n]: a plain slice makes torch.export guard n != max_seq_len (it
+        # special-cases a full-length slice), which rejects the last cache position. In IREE both are
+        # the same tensor.extract_slice, fused into the attention's consumers (no copy).
+        logits, out_cache = decode_layers(m, h, cos, sin, bias, row, cache, lambda c: torch.ops.aten.slice_copy.Tensor(c, 2, 0, n))
         return (logits, *out_cache)
+
+
+def decode_layers(m: "Llama", h, cos, sin, bias, row, cache, visible):
+    """One token through every layer: K/V written at cache row `row`, attention over `visible(cache)`
+    with the additive `bias`; returns (logits, the cache). Plain SDPA: GPU targets fuse it; on llvm-cpu
+    the decompose-attention pass writes one-query-row attention as f32 multiply + sum without
+    expanding the cache (passes/decompose_attention.py)."""
+    out_cache = []
+    for i, layer in enumerate(m.model.layers):
+        attn = layer.self_attn
+        q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
+        kc = cache[2 * i].index_copy(2, row, k)
+        vc = cache[2 * i + 1].index_copy(2, row, v)
+        out_cache += [kc, vc]
+        o = F.scaled_dot_product_attention(q, visible(kc), visible(vc), attn_mask=bias, enable_gqa=True)
+        h = h + attn.out(o)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return m.lm_head(m.model.norm(h)), out_cache
 
 
 class LlamaDecodeStatic(nn.Module):
@@ -343,15 +347,5 @@ class LlamaDecodeStatic(nn.Module):
         sin = m.rope_sin.index_select(0, position).to(h.dtype)
         rows = torch.arange(cache[0].shape[2])
         bias = torch.zeros(rows.shape, dtype=h.dtype).masked_fill(rows > position, float("-inf"))[None, None, None, :]
-        out_cache = []
-        for i, layer in enumerate(m.model.layers):
-            attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
-            kc = cache[2 * i].index_copy(2, position, k)
-            vc = cache[2 * i + 1].index_copy(2, position, v)
-            out_cache += [kc, vc]
-            o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=bias, enable_gqa=True)
-            h = h + attn.out(o)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = m.lm_head(m.model.norm(h))
+        logits, out_cache = decode_layers(m, h, cos, sin, bias, position, cache, lambda c: c)
         return (logits, *out_cache)
