@@ -224,6 +224,14 @@ def new_cache(config: LlamaConfig, max_seq_len: int, dtype=torch.float32) -> lis
     return [torch.zeros(shape, dtype=dtype) for _ in range(2 * config.n_layers)]
 
 
+def head_logits(m: "Llama", h):
+    """The LM head's logits in f32 whatever the compute dtype: the device widens them (fused into the
+    head's matmul, which accumulates in f32 anyway) rather than the host, where numpy's astype took
+    60 µs for 32000 f16 logits and 306 µs for Llama 3's 128256 (this project's AMD EPYC) on every
+    generate step, against a 1.6-3.3 ms GPU decode step."""
+    return m.lm_head(m.model.norm(h)).float()
+
+
 class LlamaPrefill(nn.Module):
     """prefill(tokens[1, S], *cache) -> (logits of the last position [1, 1, vocab], *cache').
 
@@ -238,7 +246,7 @@ class LlamaPrefill(nn.Module):
 
     def forward(self, tokens, *cache):
         h, out_cache = self.layers(tokens, cache)
-        logits = self.llama.lm_head(self.llama.model.norm(h[:, -1:, :]))
+        logits = head_logits(self.llama, h[:, -1:, :])
         return (logits, *out_cache)
 
     def layers(self, tokens, cache):
@@ -275,7 +283,7 @@ class LlamaPrefillBucket(LlamaPrefill):
     def forward(self, tokens, length, *cache):
         h, out_cache = self.layers(tokens, cache)
         last = h.index_select(1, length - 1)
-        logits = self.llama.lm_head(self.llama.model.norm(last))
+        logits = head_logits(self.llama, last)
         return (logits, *out_cache)
 
 
@@ -321,7 +329,7 @@ def decode_layers(m: "Llama", h, cos, sin, bias, row, cache, visible):
         o = F.scaled_dot_product_attention(q, visible(kc), visible(vc), attn_mask=bias, enable_gqa=True)
         h = h + attn.out(o)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return m.lm_head(m.model.norm(h)), out_cache
+    return head_logits(m, h), out_cache
 
 
 class LlamaDecodeStatic(nn.Module):

@@ -140,6 +140,10 @@ def test_compiles_for_gpu_arch(checkpoint, tmp_path, target, arch, dtype):
     if dtype == "bf16" and target in ("xpu", "vulkan"):
         cache_dtype = "float32"
     assert manifest["llm"]["cache"]["dtype"] == cache_dtype  # SPIR-V bf16 computes in f32
+    # logits leave every entry point in f32 whatever the compute dtype (models/llama/model.py head_logits)
+    logits = {name: ep["outputs"]["children"][0] for name, ep in manifest["entry_points"].items()}
+    assert all(o["role"] == "logits" for o in logits.values())
+    assert {name: o["dtype"] for name, o in logits.items()} == dict.fromkeys(logits, "float32")
 
 
 @pytest.mark.slow
