@@ -270,6 +270,7 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
         if static_decode:
             args = (torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), *cache)
             ep = _export("decode_static", LlamaDecodeStatic(llama), args, None)
+            # token, position, then the cache: the same argument layout as decode, so the same ties
             entries.append(lower.Entry(export.Exported(ep, strip_prefix=strip), "decode_static", tied=tied["decode"], logits_output=0))
     return entries
 

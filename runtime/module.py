@@ -434,12 +434,9 @@ class Module:
             return np.asarray(value)
         if value.is_host_accessible or value._is_mappable():
             return value.to_host()
-        nbytes = value._buffer_view.get_buffer().byte_length()
-        if nbytes <= _Staging.MAX_BYTES:
-            return self._ensure_loaded().staging.copy(value)
-        if self.device_driver != "vulkan":
+        if self.device_driver != "vulkan" and value._buffer_view.get_buffer().byte_length() > _Staging.MAX_BYTES:
             return value.to_host()
-        return _Staging().copy(value)
+        return self._ensure_loaded().staging.copy(value)  # keeps the buffer only up to MAX_BYTES
 
     @property
     def device_driver(self) -> str:

@@ -533,10 +533,10 @@ def probe(args) -> int:
 
     mod = llmc.runtime.load(vmfb)
     mod._ensure_loaded()
-    dev, spec = mod.devices[0], llm["cache"]
-    from llmc import dtypes
+    from llmc.runtime.generate import Generator
 
-    cache = [rt.asdevicearray(dev, np.zeros(spec["shape"], dtype=dtypes.by_name(spec["dtype"]).numpy)) for _ in range(spec["count"])]
+    dev = mod.devices[0]
+    cache = Generator(mod)._new_cache(mod.devices)
     tok = np.asarray([[5]], dtype=np.int64)
 
     def median_ms(fn, n=60):
