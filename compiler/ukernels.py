@@ -16,8 +16,9 @@ this module turns each into an IREE dispatch of that C function:
      cache). IREE links it into every llvm-cpu executable variant it builds.
 
 Why: IREE 3.13's vectorized loop reads one group of channels at a time with no software prefetch,
-and is bound by how far its loads run ahead of its arithmetic; the C loop reads 4 (fp8, int8) or 2
-(bf16) groups side by side with a prefetch ahead of each. Measured in docs/targets.md ("cpu matvec
+and is bound by how far its loads run ahead of its arithmetic; the C loop reads 4 (int8) or 2
+(fp8, bf16) groups side by side with a prefetch ahead of each, and fp8 (32 channels a group) decodes
+32 codes from one load without a shuffle. Measured in docs/targets.md ("cpu matvec
 kernels").
 
 Safe because: the C decode of each weight is the graph's own (bit-exact: integer ops and the f32 read
@@ -41,12 +42,13 @@ import tempfile
 from pathlib import Path
 
 from llmc.errors import CompileError
+from llmc.passes._packed import KERNEL_GROUPS
 
 SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
 # The ops the graph passes emit, as torch-mlir imports them (`torch.operator "torch.llmc.matvec_fp8"`).
 OPERATOR_PREFIX = "torch.llmc.matvec_"
-# kind -> (element type of the packed codes, output channels per group G)
-KINDS = {"fp8": ("i8", 8), "int8": ("i8", 8), "bf16": ("i16", 16)}
+# kind -> (element type of the packed codes, output channels per group G: the passes pack that way)
+KINDS = {kind: (elem, KERNEL_GROUPS[kind]) for kind, elem in (("fp8", "i8"), ("int8", "i8"), ("bf16", "i16"))}
 # Weight bytes one workgroup reads: large enough that IREE's per-workgroup cost is small against its
 # streaming, small enough that a layer has several per thread. Measured on small-125m fp8 decode at 2
 # threads: 24, 128, 512 KiB -> 6.2, 5.5-5.7, 6.0 ms a step; the same at 1 thread (docs/targets.md).
@@ -215,7 +217,8 @@ _DECL = re.compile(rf"^(\s*)func\.func private @({DECL_PREFIX}({'|'.join(KINDS)}
 
 def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
     """How many groups of G channels one workgroup computes: about BYTES_PER_WORKGROUP of weight, fewer
-    when that would leave under MIN_WORKGROUPS workgroups, in whole steps of the C loop (4 or 2 groups)."""
+    when that would leave under MIN_WORKGROUPS workgroups, in whole steps of the C loop (4 groups of
+    8 channels, else 2)."""
     elem, group = KINDS[kind]
     step = 4 if group == 8 else 2
     per = max(1, BYTES_PER_WORKGROUP // (k * group * (1 if elem == "i8" else 2)))

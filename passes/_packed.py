@@ -39,6 +39,10 @@ from llmc.passes._base import fill_fake_values
 _aten = torch.ops.aten
 
 PACK = 8  # default output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
+# Output channels per packed group where compiler/ukernels.py's C kernel computes the one-row products
+# (the C code's layout). fp8: 32, one 256-bit load of codes per K step, decoded without a shuffle
+# (21 vs 16.5 GB/s on one core with G = 8; docs/targets.md "cpu matvec kernels").
+KERNEL_GROUPS = {"fp8": 32, "int8": 8, "bf16": 16}
 KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
 KERNEL_OPTION = "matvec_kernels"  # ctx.options: True when compiler/ukernels.py's kernels serve this target
 
@@ -65,6 +69,12 @@ def define_kernel_op(kind: str, decode: Callable) -> None:
 def kernel_kind(ctx, kind: str) -> str | None:
     """`kind` when its one-row products are C kernel calls for this pass context, else None."""
     return kind if ctx.options.get(KERNEL_OPTION) and kind in KERNEL_OPS else None
+
+
+def group_for(ctx, kind: str, default: int = PACK) -> int:
+    """Output channels per packed group for a `kind` weight under this pass context: the C kernel's
+    layout where its kernel serves (kernel_kind), else `default` (the graph's own reduction)."""
+    return KERNEL_GROUPS[kind] if kernel_kind(ctx, kind) else default
 
 
 def rows_form(rows: int, kernel_rows: int) -> str:

@@ -17,8 +17,9 @@ Everything else is the same for every codec, and lives here (`QuantizedWeightsPa
 - each source tensor quantized once (`_base.once_per_tensor`: prefill and decode share weights, so
   the .irpa stores each weight once), and made from a memory-mapped checkpoint into a scratch file
   (`ctx.keep`, passes/_scratch.py);
-- on llvm-cpu every weight a product reads stored packed [ceil(N/8), K, 8] (passes/_packed.py), one-row
-  products (decode steps) as a reduction with 4 partial sums scaled after the sum, a tied table's
+- on llvm-cpu every weight a product reads stored packed [ceil(N/G), K, G] (passes/_packed.py; G = 8,
+  or the C kernel's G where it serves: 32 for fp8), one-row products (decode steps) as a reduction
+  with 4 partial sums (or the C kernel) scaled after the sum, a tied table's
   embedding gathering its rows' codes from the packed layout, other uses decoding the whole weight;
 - elsewhere [N, K] codes decoded ahead of the products (IREE fuses the decode into the matmul), an
   embedding decoding only the rows it gathers.
@@ -190,13 +191,13 @@ class QuantizedWeightsPass(GraphPass):
         """(codes as stored, scale, packed?), once per source tensor (_base.once_per_tensor), so every
         entry point of a program stores the same thing under the weight's name; only the stored form
         is kept (an 8B model's codes are 8 GB). On cpu a weight a matrix product reads is stored
-        packed, [ceil(N/8), K, 8] (passes/_packed.py); other targets and tables only gathered from
+        packed, [ceil(N/G), K, G] (passes/_packed.py, G from `_group`); other targets and tables only gathered from
         keep [N, K]."""
         pack = self.ctx.target.caps.backend == "llvm-cpu" and native is None and product
 
         def make(t):
             bits, scale = self.encode(t, per_channel, native)
-            return self.ctx.keep(t, _packed.pack(bits) if pack else bits), scale, pack
+            return self.ctx.keep(t, _packed.pack(bits, self._group()) if pack else bits), scale, pack
 
         return once_per_tensor(self.__dict__.setdefault("_done", {}), tensor, make)
 
@@ -213,7 +214,11 @@ class QuantizedWeightsPass(GraphPass):
             return self._emit_decode(g, codes, g.call_function(_aten.embedding.default, (scale_node, ids)), None, compute)
 
         return _packed.rewrite_uses(graph, node, shape, codec.emit_bits, outputs, scale=scale, per_row=per_row,
-                                    rows_dec=rows_dec, kernel=_packed.kernel_kind(self.ctx, codec.dtype))
+                                    rows_dec=rows_dec, group=self._group(), kernel=_packed.kernel_kind(self.ctx, codec.dtype))
+
+    def _group(self) -> int:
+        """Output channels per packed group: the C kernel's layout where it serves (fp8: 32), else 8."""
+        return _packed.group_for(self.ctx, self.codec.dtype)
 
     def _decode_at_uses(self, graph, node, scale_node, native, compute, bits, scale, outputs) -> None:
         """Matrix products read the whole decoded weight (decoded once, ahead of every use); an

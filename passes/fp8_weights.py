@@ -12,9 +12,11 @@ Produces: per output channel (row) s = amax|w_row| / 448 (or one s per tensor wi
           same bits; s is an f32 buffer `<name>_fp8_scale` ([rows, 1]). Where the weight was used:
               w' = decode(q) * s     in the program's compute dtype (f32 on cpu, f16 on GPUs)
           On cpu (software decode) every weight a matrix product reads is stored packed,
-          P[ceil(N/8), K, 8] (P[b, k, j] = q[8b + j, k], rows padded with zeros), and its uses are
+          P[ceil(N/G), K, G] (P[b, k, j] = q[Gb + j, k], rows padded with zeros; G = 32 where the C
+          matvec kernel serves the target, compiler/ukernels.py, else 8), and its uses are
           rewritten by passes/_packed.py: `x @ w.T` with one row of x becomes
-              (x.view(1, K/4, 4, 1) * decode(P).view(N/8, K/4, 4, 8)).sum(1).sum(1).view(1, N) * s.T
+              (x.view(1, K/4, 4, 1) * decode(P).view(N/G, K/4, 4, G)).sum(1).sum(1).view(1, N) * s.T
+          (or `llmc::matvec_fp8(x, P) * s.T`, the same unscaled sum in the C kernel)
           (+ bias for addmm; K % 4 != 0 keeps one partial sum per channel), which IREE compiles to a
           transpose-free vectorized reduction with 4 independent accumulators (docs/targets.md); an
           embedding of a tied table gathers its rows' codes from P; every other use reads

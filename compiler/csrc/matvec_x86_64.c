@@ -4,11 +4,11 @@
  * compiler and rewrites each `llmc.matvec_*` op into a dispatch that calls it). A decode step's
  * linear layers are these products: y[1, N] = x[1, K] @ w[N, K].T, the weight read once from its
  * narrow packed form P[N/G, K, G] (P[b, k, j] = w[G*b + j, k]; passes/_packed.py), decoded in
- * registers and multiplied in f32.
+ * registers and multiplied in f32. G is 32 for fp8, 8 for int8, 16 for bf16 (_packed.KERNEL_GROUPS).
  *
  * Why by hand: IREE 3.13's vectorizer reads one group of G channels at a time, with no software
  * prefetch, and that loop is bound by how far its loads run ahead of its arithmetic (docs/targets.md,
- * "cpu matvec kernels"). Here 4 (fp8, int8) or 2 (bf16) groups are read side by side, so 2-4 memory
+ * "cpu matvec kernels"). Here 4 (int8) or 2 (fp8, bf16) groups are read side by side, so 2-4 memory
  * streams are in flight, with a prefetch ahead of each. A workgroup computes `per_wg` groups (the
  * caller sizes it: compiler/ukernels.py).
  *
@@ -17,7 +17,8 @@
  *   fp8  (E4M3FN codes): bits (code & 0x80) << 24 | (code & 0x7F) << 20 read as f32 = value x 2^-120
  *   int8 (signed codes): the integer as f32
  *   bf16 (bf16 bits):    bits << 16 read as f32 (exact)
- * Only the f32 summation order differs from the graph: 2 partial sums per channel, even and odd k.
+ * Only the f32 summation order differs from the graph: 2 partial sums per channel (even and odd k),
+ * one where fp8 reads two groups side by side.
  *
  * Embedded-ELF rules (IREE loads the executable itself): no libc, no globals, no TLS, no syscalls.
  *
@@ -36,13 +37,6 @@
 
 /* ---- decodes: 8 codes at p -> 8 f32 lanes ---- */
 
-static inline __m256 dec_fp8(const int8_t *p) {
-  /* sign-extended, shifted up 20: bits 31..27 hold copies of the sign, 26..20 exponent and mantissa;
-     the mask keeps the sign bit and those 7. */
-  __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
-  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 20), _mm256_set1_epi32((int)0x87F00000u)));
-}
-
 static inline __m256 dec_int8(const int8_t *p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
@@ -51,60 +45,131 @@ static inline __m256 dec_bf16(const uint16_t *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-/* ---- 8-channel groups (fp8, int8): NG groups side by side ---- */
+/* ---- 8-channel groups (int8): 4 groups side by side ---- */
 
-#define GROUP8_KERNEL(NAME, DEC)                                                                      \
-  static inline void NAME##_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, \
-                                   size_t k, size_t first, size_t count) {                            \
-    size_t b = first, end = first + count;                                                            \
-    for (; b + 4 <= end; b += 4) {                                                                    \
-      const int8_t *p0 = p + b * k * 8, *p1 = p0 + k * 8, *p2 = p1 + k * 8, *p3 = p2 + k * 8;          \
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;  \
-      size_t i = 0;                                                                                   \
-      for (; i + 2 <= k; i += 2) {                                                                    \
-        if ((i & 7) == 0) {                                                                           \
-          _mm_prefetch((const char *)(p0 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);                     \
-          _mm_prefetch((const char *)(p1 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);                     \
-          _mm_prefetch((const char *)(p2 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);                     \
-          _mm_prefetch((const char *)(p3 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);                     \
-        }                                                                                             \
-        __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);                  \
-        a0 = _mm256_fmadd_ps(DEC(p0 + i * 8), x0, a0);                                                \
-        a1 = _mm256_fmadd_ps(DEC(p1 + i * 8), x0, a1);                                                \
-        a2 = _mm256_fmadd_ps(DEC(p2 + i * 8), x0, a2);                                                \
-        a3 = _mm256_fmadd_ps(DEC(p3 + i * 8), x0, a3);                                                \
-        c0 = _mm256_fmadd_ps(DEC(p0 + i * 8 + 8), x1, c0);                                            \
-        c1 = _mm256_fmadd_ps(DEC(p1 + i * 8 + 8), x1, c1);                                            \
-        c2 = _mm256_fmadd_ps(DEC(p2 + i * 8 + 8), x1, c2);                                            \
-        c3 = _mm256_fmadd_ps(DEC(p3 + i * 8 + 8), x1, c3);                                            \
-      }                                                                                               \
-      if (i < k) {                                                                                    \
-        __m256 x0 = _mm256_broadcast_ss(x + i);                                                       \
-        a0 = _mm256_fmadd_ps(DEC(p0 + i * 8), x0, a0);                                                \
-        a1 = _mm256_fmadd_ps(DEC(p1 + i * 8), x0, a1);                                                \
-        a2 = _mm256_fmadd_ps(DEC(p2 + i * 8), x0, a2);                                                \
-        a3 = _mm256_fmadd_ps(DEC(p3 + i * 8), x0, a3);                                                \
-      }                                                                                               \
-      _mm256_storeu_ps(y + b * 8, _mm256_add_ps(a0, c0));                                             \
-      _mm256_storeu_ps(y + b * 8 + 8, _mm256_add_ps(a1, c1));                                         \
-      _mm256_storeu_ps(y + b * 8 + 16, _mm256_add_ps(a2, c2));                                        \
-      _mm256_storeu_ps(y + b * 8 + 24, _mm256_add_ps(a3, c3));                                        \
-    }                                                                                                 \
-    for (; b < end; b++) {                                                                            \
-      const int8_t *p0 = p + b * k * 8;                                                               \
-      __m256 a0 = _mm256_setzero_ps(), c0 = a0;                                                       \
-      size_t i = 0;                                                                                   \
-      for (; i + 2 <= k; i += 2) {                                                                    \
-        a0 = _mm256_fmadd_ps(DEC(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);                        \
-        c0 = _mm256_fmadd_ps(DEC(p0 + i * 8 + 8), _mm256_broadcast_ss(x + i + 1), c0);                \
-      }                                                                                               \
-      if (i < k) a0 = _mm256_fmadd_ps(DEC(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);               \
-      _mm256_storeu_ps(y + b * 8, _mm256_add_ps(a0, c0));                                             \
-    }                                                                                                 \
+static inline void int8_groups(const float *restrict x, const int8_t *restrict p, float *restrict y,
+                               size_t k, size_t first, size_t count) {
+  size_t b = first, end = first + count;
+  for (; b + 4 <= end; b += 4) {
+    const int8_t *p0 = p + b * k * 8, *p1 = p0 + k * 8, *p2 = p1 + k * 8, *p3 = p2 + k * 8;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+    size_t i = 0;
+    for (; i + 2 <= k; i += 2) {
+      if ((i & 7) == 0) {
+        _mm_prefetch((const char *)(p0 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p1 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p2 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p3 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);
+      }
+      __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);
+      a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), x0, a0);
+      a1 = _mm256_fmadd_ps(dec_int8(p1 + i * 8), x0, a1);
+      a2 = _mm256_fmadd_ps(dec_int8(p2 + i * 8), x0, a2);
+      a3 = _mm256_fmadd_ps(dec_int8(p3 + i * 8), x0, a3);
+      c0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 8), x1, c0);
+      c1 = _mm256_fmadd_ps(dec_int8(p1 + i * 8 + 8), x1, c1);
+      c2 = _mm256_fmadd_ps(dec_int8(p2 + i * 8 + 8), x1, c2);
+      c3 = _mm256_fmadd_ps(dec_int8(p3 + i * 8 + 8), x1, c3);
+    }
+    if (i < k) {
+      __m256 x0 = _mm256_broadcast_ss(x + i);
+      a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), x0, a0);
+      a1 = _mm256_fmadd_ps(dec_int8(p1 + i * 8), x0, a1);
+      a2 = _mm256_fmadd_ps(dec_int8(p2 + i * 8), x0, a2);
+      a3 = _mm256_fmadd_ps(dec_int8(p3 + i * 8), x0, a3);
+    }
+    _mm256_storeu_ps(y + b * 8, _mm256_add_ps(a0, c0));
+    _mm256_storeu_ps(y + b * 8 + 8, _mm256_add_ps(a1, c1));
+    _mm256_storeu_ps(y + b * 8 + 16, _mm256_add_ps(a2, c2));
+    _mm256_storeu_ps(y + b * 8 + 24, _mm256_add_ps(a3, c3));
   }
+  for (; b < end; b++) {
+    const int8_t *p0 = p + b * k * 8;
+    __m256 a0 = _mm256_setzero_ps(), c0 = a0;
+    size_t i = 0;
+    for (; i + 2 <= k; i += 2) {
+      a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);
+      c0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 8), _mm256_broadcast_ss(x + i + 1), c0);
+    }
+    if (i < k) a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);
+    _mm256_storeu_ps(y + b * 8, _mm256_add_ps(a0, c0));
+  }
+}
 
-GROUP8_KERNEL(fp8, dec_fp8)
-GROUP8_KERNEL(int8, dec_int8)
+/* ---- 32-channel groups (fp8): 2 groups side by side ----
+ *
+ * One K step of a group is 32 codes, one 256-bit load: dword d holds channels 4d..4d+3 (byte j is
+ * channel 4d + j). Each code is moved to the top byte of a 16-bit half and shifted right by 4 with
+ * its sign (bits 15..12: sign copies, 11..4: the code), then to the top half of its dword; the mask
+ * keeps the sign bit and the 7 bits below the exponent's top, the same f32 bits as the graph's
+ * decode. 5 shifts and 4 ands per 32 codes, no shuffle: a one-byte-per-lane widening
+ * (vpmovsxbd) per 8 codes ran at 16.5 GB/s on one Zen 3 core, this at 21 (docs/targets.md). */
+
+#define FP8_MASK _mm256_set1_epi32((int)0x87F00000u)
+
+/* The 32 codes at p -> d[j] lane d = channel 4d + j. */
+static inline void dec_fp8x32(const int8_t *p, __m256 d[4]) {
+  __m256i v = _mm256_loadu_si256((const __m256i *)p);
+  __m256i odd = _mm256_srai_epi16(v, 4);                         /* bytes 1, 3 */
+  __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4);  /* bytes 0, 2 */
+  d[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(even, 16), FP8_MASK));
+  d[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(odd, 16), FP8_MASK));
+  d[2] = _mm256_castsi256_ps(_mm256_and_si256(even, FP8_MASK));
+  d[3] = _mm256_castsi256_ps(_mm256_and_si256(odd, FP8_MASK));
+}
+
+static inline void fp8_fma(const int8_t *p, __m256 x, __m256 a[4]) {
+  __m256 d[4];
+  dec_fp8x32(p, d);
+  for (int j = 0; j < 4; j++) a[j] = _mm256_fmadd_ps(d[j], x, a[j]);
+}
+
+/* a[j] lane d = channel 4d + j -> y[0..32) in channel order (a 4 x 8 transpose). */
+static inline void fp8_store(float *y, const __m256 a[4]) {
+  __m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
+  __m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
+  __m256 d04 = _mm256_shuffle_ps(t0, t2, 0x44), d15 = _mm256_shuffle_ps(t0, t2, 0xEE); /* dwords 0 | 4, 1 | 5 */
+  __m256 d26 = _mm256_shuffle_ps(t1, t3, 0x44), d37 = _mm256_shuffle_ps(t1, t3, 0xEE); /* dwords 2 | 6, 3 | 7 */
+  _mm256_storeu_ps(y, _mm256_permute2f128_ps(d04, d15, 0x20));
+  _mm256_storeu_ps(y + 8, _mm256_permute2f128_ps(d26, d37, 0x20));
+  _mm256_storeu_ps(y + 16, _mm256_permute2f128_ps(d04, d15, 0x31));
+  _mm256_storeu_ps(y + 24, _mm256_permute2f128_ps(d26, d37, 0x31));
+}
+
+static inline void fp8_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t k,
+                              size_t first, size_t count) {
+  size_t b = first, end = first + count;
+  for (; b + 2 <= end; b += 2) { /* two streams, each prefetched ahead; one partial sum per channel */
+    const int8_t *p0 = p + b * k * 32, *p1 = p0 + k * 32;
+    __m256 a0[4], a1[4];
+    for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm256_setzero_ps();
+    for (size_t i = 0; i < k; i++) {
+      if ((i & 1) == 0) { /* one 64-byte line per stream every two steps */
+        _mm_prefetch((const char *)(p0 + i * 32) + PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)(p1 + i * 32) + PREFETCH_BYTES, _MM_HINT_T0);
+      }
+      __m256 xi = _mm256_broadcast_ss(x + i);
+      fp8_fma(p0 + i * 32, xi, a0);
+      fp8_fma(p1 + i * 32, xi, a1);
+    }
+    fp8_store(y + b * 32, a0);
+    fp8_store(y + b * 32 + 32, a1);
+  }
+  if (b < end) { /* an odd group out: even and odd k apart */
+    const int8_t *p0 = p + b * k * 32;
+    __m256 a0[4], c0[4];
+    for (int j = 0; j < 4; j++) a0[j] = c0[j] = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 2 <= k; i += 2) {
+      _mm_prefetch((const char *)(p0 + i * 32) + PREFETCH_BYTES, _MM_HINT_T0);
+      fp8_fma(p0 + i * 32, _mm256_broadcast_ss(x + i), a0);
+      fp8_fma(p0 + i * 32 + 32, _mm256_broadcast_ss(x + i + 1), c0);
+    }
+    if (i < k) fp8_fma(p0 + i * 32, _mm256_broadcast_ss(x + i), a0);
+    for (int j = 0; j < 4; j++) a0[j] = _mm256_add_ps(a0[j], c0[j]);
+    fp8_store(y + b * 32, a0);
+  }
+}
 
 /* ---- 16-channel groups (bf16): 2 groups side by side ---- */
 

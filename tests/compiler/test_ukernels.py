@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif((ukernels.c_compiler() is None or os.uname().mac
                                 and not os.environ.get("LLMC_REQUIRE_CPU_KERNELS"),
                                 reason="needs a C compiler on x86-64")
 
-GROUP = {"fp8": 8, "int8": 8, "bf16": 16}
+GROUP = {kind: group for kind, (_, group) in ukernels.KINDS.items()}  # the C kernels' layouts (fp8: 32)
 
 
 def _codes(kind: str, n: int, k: int, seed: int) -> torch.Tensor:
@@ -180,7 +180,7 @@ def test_a_compiler_that_fails_means_no_kernels_not_a_failed_compile(tmp_path, m
 
 
 def test_import_refuses_a_kernel_op_of_another_form():
-    """The C kernel has one form (x [1, K] f32, codes [G, K, 8]): an op that does not match is a clear
+    """The C kernel has one form (x [1, K] f32, codes [N/32, K, 32] for fp8): an op that does not match is a clear
     compile error (exit 3) at import, not a miscompiled dispatch."""
     from llmc.compiler import export, importer
 
@@ -195,7 +195,7 @@ def test_import_refuses_a_kernel_op_of_another_form():
     ep = torch.export.export(Mismatched(), (torch.randn(1, 5),))  # K = 5, codes for K = 4
     with pytest.raises(CompileError) as e:
         importer.import_programs([(export.Exported(ep, ""), "main")])
-    assert str(e.value) == ("llmc::matvec_fp8 takes x [1, K] f32 and si8 codes [N/8, K, 8], static; "
+    assert str(e.value) == ("llmc::matvec_fp8 takes x [1, K] f32 and si8 codes [N/32, K, 32], static; "
                             "got !torch.vtensor<[1,5],f32> and !torch.vtensor<[2,4,8],si8>")
     assert e.value.exit_code == 3
 

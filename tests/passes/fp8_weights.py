@@ -1,19 +1,21 @@
 # RUN: %python %s %t.pt2 %t.row.pt2
-# RUN: llmc-opt %t.pt2 --pipeline --target cpu --dtype fp8 --stats 2> %t.stats | filecheck %s
+# RUN: env LLMC_CPU_KERNELS=off llmc-opt %t.pt2 --pipeline --target cpu --dtype fp8 --stats 2> %t.stats | filecheck %s
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
 # RUN: env LLMC_CPU_KERNELS=off llmc-opt %t.row.pt2 --pipeline --target cpu --dtype fp8 --stats 2> %t.row.stats | filecheck %s --check-prefix=ROW
 # RUN: filecheck %s --check-prefix=ROWSTATS < %t.row.stats
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype fp8 --stats 2> %t.krow.stats | filecheck %s --check-prefix=KROW
 # RUN: filecheck %s --check-prefix=KROWSTATS < %t.krow.stats
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype fp8 | filecheck %s --check-prefix=KMM
 # RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx942 --dtype fp8 | filecheck %s --check-prefix=FNUZ
 # RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx950 --dtype fp8 | filecheck %s --check-prefix=FN
 # Both linear weights become 1-byte parameters with an f32 scale per output row. cpu has no fp8
 # arithmetic: the codes are decoded with three integer ops (shifted to the top byte, shifted back
 # arithmetically into an f32's places and masked; times 2^120 folded into the scale) and the
-# matmul runs in f32. On cpu the codes are stored packed, [N/8, K, 8]: with two input rows the
+# matmul runs in f32. On cpu the codes are stored packed, [N/G, K, G]: with two input rows the
 # decoded weight is unpacked to [N, K] for the matmul; with one row (a decode step) the product is
 # an elementwise multiply and a sum over K of the packed weight (K split (K/4, 4): four partial
-# sums per output, added last), scaled per output after the sum.
+# sums per output, added last), scaled per output after the sum. G is 8, or 32 where the C matvec
+# kernel computes the one-row products (the KROW and KMM checks; rows padded with zero codes to 32).
 # gfx942 decodes natively from E4M3FNUZ, gfx950 from E4M3FN, in f16, in the [N, K] layout.
 import sys
 
@@ -64,16 +66,27 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 
 # KROW-LABEL:  func.func @main(%arg0: !torch.vtensor<[1,16],f32>)
 # KROW-NOT:    torch.aten.mm
-# KROW:        call @__llmc_matvec_fp8_4x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<4x16x8xi8>) -> tensor<1x32xf32>
+# KROW:        call @__llmc_matvec_fp8_1x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<1x16x32xi8>) -> tensor<1x32xf32>
 # KROW:        torch.aten.mul.Tensor {{.*}} : !torch.vtensor<[1,32],f32>, !torch.vtensor<[1,32],f32> -> !torch.vtensor<[1,32],f32>
-# KROW:        call @__llmc_matvec_fp8_1x32(%{{.*}}, %{{.*}}) : (tensor<1x32xf32>, tensor<1x32x8xi8>) -> tensor<1x8xf32>
+# KROW:        call @__llmc_matvec_fp8_1x32(%{{.*}}, %{{.*}}) : (tensor<1x32xf32>, tensor<1x32x32xi8>) -> tensor<1x32xf32>
+# KROW:        torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[1,8],f32>
 # KROW-NOT:    torch.aten.sum.dim_IntList
-# KROW:        func.func private @__llmc_matvec_fp8_4x16(%x: tensor<1x16xf32>, %p: tensor<4x16x8xi8>) -> tensor<1x32xf32>
+# KROW:        func.func private @__llmc_matvec_fp8_1x16(%x: tensor<1x16xf32>, %p: tensor<1x16x32xi8>) -> tensor<1x32xf32>
 # KROW:        flow.dispatch @__llmc_kernels::@matvec_fp8[%g, %per](%x, %p, %k, %g, %per)
 # KROW:        stream.executable private @__llmc_kernels attributes {hal.executable.objects = #hal.executable.objects<{#hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {}> = [#hal.executable.object<{path = "{{.*}}matvec_x86_64-{{[0-9a-f]+}}.o"}>]}>}
 # KROW:        func.call @llmc_matvec_fp8(%x, %p, %y, %k, %g, %per, %wg)
 
 # KROWSTATS:   "per-channel software, packed, 1 one-row product(s) as C kernel calls": 2
+
+# KMM-DAG:     "util.global"() {initial_value = #stream.parameter.named<"model"::"0.weight"> : tensor<1x16x32xi8>
+# KMM-DAG:     "util.global"() {initial_value = #stream.parameter.named<"model"::"2.weight"> : tensor<1x32x32xi8>
+# KMM-LABEL:   func.func @main
+# KMM:         call @__llmc_bitcast_1x32x32_i32_f32({{.*}}) : (tensor<1x32x32xi32>) -> tensor<1x32x32xf32>
+# KMM:         torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[8,32],f32>
+# KMM:         call @__llmc_bitcast_1x16x32_i32_f32({{.*}}) : (tensor<1x16x32xi32>) -> tensor<1x16x32xf32>
+# KMM:         torch.aten.permute {{.*}} !torch.vtensor<[1,16,32],f32>, !torch.list<int> -> !torch.vtensor<[1,32,16],f32>
+# KMM:         torch.aten.mm %arg0, {{.*}} : !torch.vtensor<[2,16],f32>, !torch.vtensor<[16,32],f32>
+# KMM-NOT:     llmc_matvec
 
 # FNUZ:        torch.aten.view.dtype {{.*}} -> !torch.vtensor<[32,16],f8E4M3FNUZ>
 # FNUZ:        torch.aten.to.dtype {{.*}} -> !torch.vtensor<[32,16],f16>

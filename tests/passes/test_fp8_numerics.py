@@ -96,9 +96,12 @@ def test_pass_computes_with_the_dequantized_weights(embeddings, tokens, kernels)
         stored = program.state_dict[k]
         if k == "emb.weight":  # gathered by rows: kept [rows, cols]
             assert torch.equal(stored, bits)
-        else:  # linear weights on cpu: 8 output channels side by side per K step
-            assert stored.shape == (rows // 8, cols, 8)
-            assert torch.equal(stored[1, 5], bits[8:16, 5]) and torch.equal(stored.permute(0, 2, 1).reshape(rows, cols), bits)
+        else:  # linear weights on cpu: G output channels side by side per K step (the C kernel's 32, else 8)
+            g = 32 if kernels else 8
+            assert stored.shape == (-(-rows // g), cols, g)
+            unpacked = stored.permute(0, 2, 1).reshape(-1, cols)
+            assert torch.equal(stored[0, 5, :rows], bits[:g, 5]) and torch.equal(unpacked[:rows], bits)
+            assert not unpacked[rows:].any()  # padding rows are zero codes
     forms = plan.stats()[0]["forms"]
     # one-row products: the reduction graph, or llmc::matvec_fp8 (eager: its torch definition)
     reduced = f"per-channel software, packed, 1 one-row product(s) as {'C kernel calls' if kernels else 'a reduction'}"
@@ -142,21 +145,23 @@ class _Tied(torch.nn.Module):
         return torch.nn.functional.linear(h, self.emb.weight)
 
 
+@pytest.mark.parametrize("kernels", [False, True], ids=["reduction", "kernel-op"])
 @pytest.mark.parametrize("tokens", [1, 5])
-def test_packed_layout_pads_rows_and_serves_a_tied_embedding(tokens):
-    """N % 8 != 0 is padded with zero rows to the next multiple of 8 (and sliced off after the
-    product); a table that is both gathered from and multiplied by is packed too, and its embedding
-    gathers rows of codes from the packed layout. Same values as the dequantized weights."""
+def test_packed_layout_pads_rows_and_serves_a_tied_embedding(tokens, kernels):
+    """N % G != 0 is padded with zero rows to the next multiple of G (8, or the C kernel's 32; sliced
+    off after the product); a table that is both gathered from and multiplied by is packed too, and
+    its embedding gathers rows of codes from the packed layout. Same values as the dequantized weights."""
     torch.manual_seed(0)
     model = _Tied().eval()
     ids = torch.tensor([[3, 7, 0, 49, 7][:tokens]])
     program = torch.export.export(model, (ids,)).run_decompositions(pipeline.base_decompositions())
-    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {}, only=["fp8-weights"])
+    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {KERNEL_OPTION: kernels}, only=["fp8-weights"])
     program = plan.graph[0].run(program)
+    g = 32 if kernels else 8
     for name, (rows, cols) in {"emb.weight": (50, 16), "mid.weight": (20, 16)}.items():
         stored = program.state_dict[name]
         bits, _ = quantize(model.state_dict()[name])
-        assert stored.shape == (-(-rows // 8), cols, 8)
+        assert stored.shape == (-(-rows // g), cols, g)
         unpacked = stored.permute(0, 2, 1).reshape(-1, cols)
         assert torch.equal(unpacked[:rows], bits) and not unpacked[rows:].any()
     table = next(k for k, v in program.graph_signature.inputs_to_parameters.items() if v == "emb.weight")
