@@ -2,7 +2,8 @@
 # RUN: llmc-opt %t.pt2 --pipeline --target cpu --stats 2> %t.stats | filecheck %s
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
 # A decode step (one query row, GQA, a float mask over a dynamic cache length) gets the f32
-# multiply + sum form; a prefill (causal, many rows) gets torch-mlir's decomposition (matmuls).
+# multiply + sum form; a prefill (causal, many rows, f32) gets the causal form: matmuls, and a
+# softmax written with exp2 whose mask is applied in the max and again in the exponent.
 # Both lines fail if decompose-attention leaves the cpu pipeline.
 import sys
 
@@ -32,11 +33,19 @@ torch.export.save(torch.export.export(Attn(), args, dynamic_shapes=dyn), sys.arg
 # CHECK:       torch.aten.exp {{.*}} -> !torch.vtensor<[1,2,2,?],f32>
 # CHECK:       torch.aten.sum.dim_IntList {{.*}} -> !torch.vtensor<[1,2,2,8],f32>
 # CHECK-NOT:   torch.aten.bmm {{.*}}[1,2,2
-# Prefill: matmuls of the general form.
+# Prefill: the causal form.
+# CHECK:       torch.aten.bmm
+# CHECK:       torch.aten.gt.Tensor
+# CHECK:       torch.aten.where.self
+# CHECK:       torch.aten.max.dim
+# CHECK:       torch.aten.where.self
+# CHECK:       torch.aten.pow.Scalar
+# CHECK-NOT:   torch.aten.softmax
+# CHECK-NOT:   torch.aten._softmax
 # CHECK:       torch.aten.bmm
 # CHECK-NOT:   scaled_dot_product
 
 # STATS:       "name": "decompose-attention"
 # STATS:       "rewrote": 2
-# STATS:       "decode": 1
-# STATS-NEXT:  "general": 1
+# STATS:       "causal": 1
+# STATS-NEXT:  "decode": 1
