@@ -40,9 +40,11 @@ from llmc.passes import _packed
 from llmc.passes._base import GraphPass, Requires, once_per_tensor, register_pass, tensor_key, written_in_place
 
 _aten = torch.ops.aten
-# Output channels per packed group on cpu (passes/_packed.py; fp8/int8 keep its default, 8): two f32
-# vectors per K step share one broadcast of x, so the decode loop issues fewer instructions per byte
-# and its loads run further ahead (small Llama decode 5-8% faster than 8, docs/targets.md).
+# Output channels per packed group on cpu where the graph's reduction computes one-row products
+# (passes/_packed.py; fp8/int8 keep its default, 8): two f32 vectors per K step share one broadcast of
+# x, so the decode loop issues fewer instructions per byte and its loads run further ahead (small
+# Llama decode 5-8% faster than 8, docs/targets.md). Where the C kernel serves, its layout
+# (_packed.KERNEL_GROUPS, also 16) decides.
 PACK = 16
 
 
@@ -92,7 +94,7 @@ class Bf16WeightsPass(GraphPass):
             table[name] = torch.nn.Parameter(bits, requires_grad=False) if spec.kind == InputKind.PARAMETER else bits
             if packed:
                 fake = node.meta.get("val")
-                rows = _packed.rewrite_uses(graph, node, tuple(tensor.shape), _emit_widen, sig.output_specs, group=PACK,
+                rows = _packed.rewrite_uses(graph, node, tuple(tensor.shape), _emit_widen, sig.output_specs, group=self._group(),
                                             kernel=_packed.kernel_kind(self.ctx, "bf16"))
                 _packed.propagate_fake(graph, node, None, fake, bits, None)
                 self.stats.rewrite("packed" + _packed.rows_form(*rows))
@@ -103,12 +105,15 @@ class Bf16WeightsPass(GraphPass):
         program.graph_module.recompile()
         return program
 
+    def _group(self) -> int:
+        return _packed.group_for(self.ctx, "bf16", PACK)
+
     def _bits(self, tensor: torch.Tensor, packed: bool) -> torch.Tensor:
         """The int16 bits of `tensor` in bf16 (packed: passes/_packed.py's layout), made once per
         source tensor (_base.once_per_tensor), so every entry point stores the same thing."""
         def make(t):
             bits = t.to(torch.bfloat16).view(torch.int16)
-            return self.ctx.keep(t, _packed.pack(bits, PACK) if packed else bits)
+            return self.ctx.keep(t, _packed.pack(bits, self._group()) if packed else bits)
 
         # One cache per form: a tensor stored packed for one program and plain for another gets both.
         return once_per_tensor(self.__dict__.setdefault(f"_converted_{'packed' if packed else 'plain'}", {}), tensor, make)

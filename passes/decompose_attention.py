@@ -51,6 +51,8 @@ Why: IREE 3.13's SPIR-V backend cannot compile its fused attention op at all ("'
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from llmc.passes._base import DecompositionPass, Requires, register_pass
@@ -154,7 +156,7 @@ def _static_scale(q, scale):
     if scale is not None:
         return q, scale
     if isinstance(q.shape[-1], int):
-        return q, q.shape[-1] ** -0.5
+        return q, 1.0 / math.sqrt(q.shape[-1])  # as torch's math SDPA computes it
     return q * torch.rsqrt(torch.scalar_tensor(q.shape[-1], dtype=torch.float32)).to(q.dtype), 1.0
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from llmc.compiler import pipeline, targets
-from llmc.passes._packed import KERNEL_OPTION
+from llmc.passes._packed import KERNEL_GROUPS, KERNEL_OPTION, PACK
 from llmc.passes.fp8_weights import FN_MAX, decode_native, decode_sw, fn_to_fnuz, quantize
 
 CODES = torch.arange(-128, 128, dtype=torch.int32).to(torch.int8)
@@ -97,7 +97,7 @@ def test_pass_computes_with_the_dequantized_weights(embeddings, tokens, kernels)
         if k == "emb.weight":  # gathered by rows: kept [rows, cols]
             assert torch.equal(stored, bits)
         else:  # linear weights on cpu: G output channels side by side per K step (the C kernel's 32, else 8)
-            g = 32 if kernels else 8
+            g = KERNEL_GROUPS["fp8"] if kernels else PACK
             assert stored.shape == (-(-rows // g), cols, g)
             unpacked = stored.permute(0, 2, 1).reshape(-1, cols)
             assert torch.equal(stored[0, 5, :rows], bits[:g, 5]) and torch.equal(unpacked[:rows], bits)
@@ -157,7 +157,7 @@ def test_packed_layout_pads_rows_and_serves_a_tied_embedding(tokens, kernels):
     program = torch.export.export(model, (ids,)).run_decompositions(pipeline.base_decompositions())
     plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {KERNEL_OPTION: kernels}, only=["fp8-weights"])
     program = plan.graph[0].run(program)
-    g = 32 if kernels else 8
+    g = KERNEL_GROUPS["fp8"] if kernels else PACK
     for name, (rows, cols) in {"emb.weight": (50, 16), "mid.weight": (20, 16)}.items():
         stored = program.state_dict[name]
         bits, _ = quantize(model.state_dict()[name])
