@@ -125,16 +125,41 @@ def check_vulkan(target: dict, iree_name: str, vmfb) -> None:
             raise RuntimeLoadError(f"{vmfb}: the module needs {what}; the Vulkan device {dev.name!r} lacks it")
 
 
-def is_device_lost(e: Exception) -> bool:
-    """Whether IREE's error says the Vulkan device was lost (it stays lost: only a new device helps)."""
-    return "VK_ERROR_DEVICE_LOST" in str(e)
+def is_device_lost(e: Exception, family: str = "vulkan") -> bool:
+    """Whether IREE's error says the device was lost (it stays lost: only a new device helps).
+
+    IREE 3.13's Vulkan driver reports the loss as DATA_LOSS. Where the driver itself saw it the text
+    names VK_ERROR_DEVICE_LOST; where a fence or semaphore only carried the failure on (seen in CI:
+    "Error creating vm context with modules: DATA_LOSS; while invoking native function
+    hal.fence.await") it does not. On a Vulkan device both are a loss; elsewhere only the first.
+    """
+    text = str(e)
+    return "VK_ERROR_DEVICE_LOST" in text or (family == "vulkan" and "DATA_LOSS" in text)
+
+
+# name -> the device that replaced IREE's cached one for that name after a loss (shared_device).
+_REPLACEMENTS: dict = {}
+
+
+def shared_device(name: str, *, replace: bool = False):
+    """This process's IREE device for `name`: IREE's cached one, or, once a loss replaced it, the new one.
+
+    IREE caches one device per name for the process and a lost device stays in that cache, so after a
+    loss every later load would start on it and fail once more. `replace=True` opens a new device
+    and makes it the one every later caller gets.
+    """
+    import iree.runtime as rt
+
+    if replace:
+        _REPLACEMENTS[name] = rt.get_device(name, cache=False)
+    return _REPLACEMENTS.get(name) or rt.get_device(name)
 
 
 def open_device(manifest: dict, requested: str | None, vmfb, *, fresh: bool = False):
     """An iree.runtime.Config on the device the module should run on, after the checks above.
 
-    IREE caches one device per name for the process; `fresh` opens a new one instead (used after the
-    cached one was lost, see Module._ensure_loaded).
+    `fresh` replaces the process's device for this name with a new one (after a loss, see
+    shared_device and Module._ensure_loaded).
     """
     import iree.runtime as rt
 
@@ -144,7 +169,7 @@ def open_device(manifest: dict, requested: str | None, vmfb, *, fresh: bool = Fa
     try:
         if driver.startswith("local"):
             return rt.Config(name)
-        return rt.Config(device=rt.get_device(name, cache=not fresh))
+        return rt.Config(device=shared_device(name, replace=fresh))
     except Exception as e:
         raise RuntimeLoadError(
             f"device {name!r}: IREE could not create it ({first_line(e)}); usable here: {', '.join(usable_devices())}"

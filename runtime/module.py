@@ -190,7 +190,7 @@ class EntryPoint:
                 # the call lived on that device: run it once more on a new one. Device-resident inputs (a
                 # KV cache from an earlier call) are gone with the device, so those calls fail. A load that
                 # failed has had its own retry.
-                if retried or isinstance(e, RuntimeLoadError) or not is_device_lost(e) or not all(isinstance(a, np.ndarray) for a in arrays):
+                if retried or isinstance(e, RuntimeLoadError) or not is_device_lost(e, self._module.device_family) or not all(isinstance(a, np.ndarray) for a in arrays):
                     raise RuntimeCallError(f"{self.name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
                 log.warning("%s: the Vulkan device was lost while running %s (%s); running it once more on a new device",
                             self._module.vmfb, self.name, first_line(e))
@@ -243,6 +243,7 @@ class Module:
         self._module_file = self.vmfb  # the .vmfb this CPU runs: another for an artifact with one module per CPU
         self._check_cpu()
         self.device_name = device or self.manifest.get("runtime_device", "local-task")
+        self.device_family = self.manifest.get("target", {}).get("device", "local")  # runtime/device.py DRIVERS
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise RuntimeLoadError(f"threads={threads!r}: give a whole number of worker threads, 1 or more (or None for IREE's default)")
         self.threads = threads
@@ -310,7 +311,7 @@ class Module:
                     self._device_lost = False
                     break
                 except Exception as e:
-                    if attempt == len(attempts) - 1 or not is_device_lost(e):
+                    if attempt == len(attempts) - 1 or not is_device_lost(e, self.device_family):
                         raise RuntimeLoadError(f"{self.vmfb}: IREE could not load the module: {first_line(e)}") from e
                     # Seen on lavapipe under CPU load, at queue.c:2867 of IREE 3.13's Vulkan driver: its
                     # queue wakeup takes the next timeline value with an atomic add and host-signals it

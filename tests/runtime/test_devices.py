@@ -33,3 +33,25 @@ def test_cpu_modules_get_one_new_local_device_each_and_no_more_than_the_cores(mo
     with pytest.raises(RuntimeLoadError, match=r"split over 2 devices .* may use 1 CPU core\(s\); recompile with --tensor-parallel 1"):
         device.more_devices(_manifest("local", 2), config, "m.vmfb")
     assert device.more_devices(_manifest("local", 1), config, "m.vmfb") == [config.device]
+
+
+def test_after_a_loss_every_later_caller_gets_the_replacement_device(monkeypatch):
+    import iree.runtime as rt
+
+    monkeypatch.setattr(device, "_REPLACEMENTS", {})
+    cached = device.shared_device("local-sync")
+    assert cached is rt.get_device("local-sync")  # IREE's cached device until a loss
+    new = device.shared_device("local-sync", replace=True)
+    assert new is not cached and device.shared_device("local-sync") is new
+    assert device.shared_device("local-task") is rt.get_device("local-task")  # other names keep theirs
+
+
+@pytest.mark.parametrize("text,family,lost", [
+    ("queue.c:2867: DATA_LOSS; [vkSignalSemaphore] VK_ERROR_DEVICE_LOST", "vulkan", True),
+    ("queue.c:2867: DATA_LOSS; [vkSignalSemaphore] VK_ERROR_DEVICE_LOST", "local", True),
+    ("Error creating vm context with modules: DATA_LOSS; while invoking native function hal.fence.await", "vulkan", True),
+    ("Error creating vm context with modules: DATA_LOSS; while invoking native function hal.fence.await", "local", False),
+    ("Error invoking function: RESOURCE_EXHAUSTED; out of memory", "vulkan", False),
+])
+def test_which_errors_are_a_lost_device(text, family, lost):
+    assert device.is_device_lost(RuntimeError(text), family) is lost
