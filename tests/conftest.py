@@ -49,6 +49,18 @@ def pytest_runtest_protocol(item, nextitem):
             _LOCK["mode"] = None
 
 
+# ---- Test times as they finish (LLMC_TEST_TIMES=FILE) ----
+# pytest's --durations prints only when the whole run ends; a run stopped by a time limit prints
+# nothing. With LLMC_TEST_TIMES set, each test appends "seconds<TAB>phase<TAB>node id" to that file the
+# moment each phase ends (setup includes a module fixture's first build). Under xdist the controller
+# writes (it receives every worker's reports; the workers see them too and stay quiet).
+def pytest_runtest_logreport(report):
+    path = os.environ.get("LLMC_TEST_TIMES")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f}\t{report.when}\t{report.nodeid}\n")
+
+
 def llmc_in_process(*args):
     """`llmc ARGS` run in this process (llmc.compiler.cli.main): exit code, stdout and stderr as a
     subprocess.CompletedProcess. For lists of error cases, where starting a Python with torch for each
