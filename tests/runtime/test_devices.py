@@ -55,3 +55,20 @@ def test_after_a_loss_every_later_caller_gets_the_replacement_device(monkeypatch
 ])
 def test_which_errors_are_a_lost_device(text, family, lost):
     assert device.is_device_lost(RuntimeError(text), family) is lost
+
+
+def test_a_load_after_a_loss_opens_on_the_replacement_not_on_iree_s_cached_device(monkeypatch):
+    """open_device(fresh=True), as Module._ensure_loaded calls it after a loss, replaces the device that
+    every later open_device(fresh=False) gets; IREE's own cache (which keeps the lost one) is not asked."""
+    import iree.runtime as rt
+
+    from conftest import vulkan_or_skip
+
+    vulkan_or_skip()
+    monkeypatch.setattr(device, "_REPLACEMENTS", {})
+    manifest = {"target": {"name": "vulkan", "device": "vulkan", "arch": "llvmpipe"}, "runtime_device": "vulkan"}
+    cached = device.open_device(manifest, None, "m.vmfb").device
+    assert cached is rt.get_device("vulkan")
+    new = device.open_device(manifest, None, "m.vmfb", fresh=True).device
+    later = device.open_device(manifest, None, "m.vmfb").device
+    assert new is not cached and later is new
