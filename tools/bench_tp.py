@@ -144,7 +144,11 @@ def markdown(report: dict) -> str:
 
 def reference_tokens(args, name: str, prompt: list[int], threads: int) -> list[int]:
     """N = 1's greedy tokens from the earlier report --tokens-from, which must have run the same case."""
-    old = json.loads(args.tokens_from.read_text())
+    try:
+        old = json.loads(args.tokens_from.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"bench_tp: --tokens-from {args.tokens_from}: cannot read it as a report ({type(e).__name__}: {e}); "
+                         "run this bench with --tp 1 first") from None
     same = (old.get("model"), old.get("dtype"), old.get("prompt_ids"), old.get("decode")) == (name, args.dtype, prompt, args.decode)
     runs = [r for r in old.get("runs", []) if r["n"] == 1]
     if not same or not runs:
@@ -174,10 +178,12 @@ def main(argv=None) -> int:
         if not source.exists():
             write_checkpoint(config, "hf", source, "f32", 0)
     args.max_seq_len = args.max_seq_len or args.prompt + args.decode + 8
+    prompt = torch.randint(0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
+    # --tokens-from is checked before the builds: a report of another case fails in seconds, not after them
+    refs = {t: reference_tokens(args, name, prompt, t) for t in args.threads} if args.tokens_from and args.target == "cpu" else None
     builds = [build(args, n, source) for n in args.tp]
     runs = []
     if args.target == "cpu":
-        prompt = torch.randint(0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         together = sum(b["irpa_bytes"] for b in builds) < ram / 2
         groups = [builds] if together else [[b] for b in builds]
@@ -193,7 +199,7 @@ def main(argv=None) -> int:
                 step.update({int(n): statistics.median(v) for n, v in res["step_seconds"].items()})
                 tokens.update({int(n): v for n, v in res["tokens"].items()})
             base = args.tp[0]
-            ref = reference_tokens(args, name, prompt, t) if args.tokens_from else tokens[base]
+            ref = refs[t] if refs is not None else tokens[base]
             for n in args.tp:
                 runs.append({"threads": t, "n": n, "step_ms": 1e3 * step[n], "vs_1": step[n] / step[base], "base": base,
                              "tokens_equal": f"{sum(a == b for a, b in zip(tokens[n], ref))} of {len(ref)}",

@@ -1,6 +1,8 @@
-"""The artifact trio: weights only in the .irpa, a manifest that describes the module, and IREE's own
-iree-run-module running the .vmfb + .irpa unchanged."""
+"""The artifact trio: weights only in the .irpa, a manifest that describes the module, IREE's own
+iree-run-module running the .vmfb + .irpa unchanged, and reproducible: the same input compiled twice
+gives identical bytes, and a recompile to the same path replaces the trio."""
 
+import filecmp
 import json
 import subprocess
 import sys
@@ -19,13 +21,13 @@ def llama_art(tmp_path_factory):
     out = tmp_path_factory.mktemp("art")
     model, args, dynamic = zoo.build("tiny_llama")
     art = llmc.compile(model, args, dynamic_shapes=dynamic, output=out / "tl.vmfb")
-    return model, args, art
+    return model, args, art, dynamic
 
 
 def test_weights_live_in_the_irpa_not_the_vmfb(llama_art):
     import iree.runtime as rt
 
-    model, _, art = llama_art
+    model, _, art, _ = llama_art
     weights = {k: v for k, v in model.state_dict().items()}
     index = rt.ParameterIndex()
     index.load(str(art.params))
@@ -41,7 +43,7 @@ def test_weights_live_in_the_irpa_not_the_vmfb(llama_art):
 
 
 def test_manifest_describes_the_module(llama_art):
-    model, args, art = llama_art
+    model, args, art, _ = llama_art
     m = json.loads(art.manifest.read_text())
     assert m["target"]["name"] == "cpu" and m["target"]["backend"] == "llvm-cpu"
     assert "--iree-llvmcpu-target-cpu=host" in m["iree_flags"]
@@ -59,7 +61,7 @@ def test_manifest_describes_the_module(llama_art):
 
 
 def test_iree_run_module_runs_the_trio_unchanged(llama_art, tmp_path):
-    model, args, art = llama_art
+    model, args, art, _ = llama_art
     ids = args[0]
     np.save(tmp_path / "ids.npy", ids.numpy())
     tool = Path(sys.executable).parent / "iree-run-module"
@@ -75,10 +77,14 @@ def test_iree_run_module_runs_the_trio_unchanged(llama_art, tmp_path):
     assert (got - ref).abs().max().item() / ref.abs().max().item() <= 1e-5
 
 
-def test_recompile_replaces_artifacts_atomically(llama_art, tmp_path):
-    model, args, _ = llama_art
+def test_recompile_is_identical_and_replaces_artifacts_atomically(llama_art, tmp_path):
+    model, args, art, dynamic = llama_art
     out = tmp_path / "x.vmfb"
-    llmc.compile(model, args, output=out)
+    # The fixture's input again, to another path: the same bytes (iree-compile used to embed the path
+    # of its temporary input file in the .vmfb).
+    again = llmc.compile(model, args, dynamic_shapes=dynamic, output=out)
+    assert filecmp.cmp(again.vmfb, art.vmfb, shallow=False)
+    assert filecmp.cmp(again.params, art.params, shallow=False)
     first = out.with_suffix(".json").read_text()
     llmc.compile(model, args, dtype="bf16", output=out)
     assert json.loads(out.with_suffix(".json").read_text())["dtype"] == "bf16" != json.loads(first)["dtype"]

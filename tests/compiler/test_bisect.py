@@ -143,7 +143,11 @@ def test_prefix_returns_the_frontier_and_runs_like_the_model():
 # Acceptance: a real iree-compile failure, through the CLI
 
 
-def test_cli_bisects_a_real_compile_failure_to_one_op(tmp_path):
+def test_cli_bisects_a_real_compile_failure_to_one_op(tmp_path, monkeypatch):
+    """`llmc bisect` in this process (conftest.llmc_in_process: exit code, stdout and stderr as the CLI
+    gives them); the reproducer it writes is then run as a user would, in fresh processes."""
+    from conftest import llmc_in_process
+
     torch.manual_seed(0)
     model, x = FiftyOps(), torch.randn(2, 4, 16)
     ep = torch.export.export(model, (x,))
@@ -153,7 +157,8 @@ def test_cli_bisects_a_real_compile_failure_to_one_op(tmp_path):
     assert 40 <= n_ops <= 60, n_ops
     torch.export.save(ep, str(tmp_path / "fifty.pt2"))
 
-    proc = run_cli("bisect", "fifty.pt2", "-o", "repro", "--json", "report.json", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    proc = llmc_in_process("bisect", "fifty.pt2", "-o", "repro", "--json", "report.json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     rep = json.loads((tmp_path / "report.json").read_text())
@@ -256,8 +261,12 @@ def test_api_bisects_a_real_f16_drift_to_one_op(tmp_path):
     assert json.loads(json.dumps(rep.as_dict()))["culprit"]["op"] == "aten.sum.dim_IntList"
 
 
-def test_bad_paths_are_one_line_errors(tmp_path):
-    """Bad MODEL and -o paths: exit 2, one `llmc: error:` line naming the path, nothing created."""
+def test_bad_paths_are_one_line_errors(tmp_path, monkeypatch):
+    """Bad MODEL and -o paths: exit 2, one `llmc: error:` line naming the path, nothing created.
+    In-process (conftest.llmc_in_process): a list of error cases, each a Python with torch otherwise."""
+    from conftest import llmc_in_process
+
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "m.pth").write_bytes(b"x")
     (tmp_path / "file").write_text("x")
     pt2 = tmp_path / "lin.pt2"
@@ -269,7 +278,7 @@ def test_bad_paths_are_one_line_errors(tmp_path):
     ]
     for args, needle in cases:
         before = set(tmp_path.rglob("*"))
-        r = run_cli("bisect", *args, cwd=tmp_path)
+        r = llmc_in_process("bisect", *args)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("llmc: error:") and needle in lines[0], (args, r.stderr)
         assert set(tmp_path.rglob("*")) == before

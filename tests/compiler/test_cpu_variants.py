@@ -151,12 +151,15 @@ def test_cli_refuses_a_bad_cpu_list_in_one_line(tmp_path):
     assert not list(tmp_path.glob("out*"))
 
 
-def test_single_cpu_rebuild_removes_the_probe(tmp_path):
-    out = tmp_path / "m.vmfb"
-    llmc.compile(_mlp(), (torch.randn(4, 64),), arch="x86-64-v4,x86-64-v3", output=out, cpu_dispatch="variants")
-    assert (tmp_path / ("m" + cpu_variants.PROBE_SUFFIX)).is_file()
+def test_single_cpu_rebuild_removes_the_probe(portable, tmp_path):
+    # The portable variants build (x86-64-v4,x86-64-v3) copied here with the probe it wrote beside it
+    # (test_portable_module_holds_a_variant_per_cpu_and_runs_right checks it is there), then rebuilt for one CPU.
+    probe = portable.vmfb.with_name("mlp" + cpu_variants.PROBE_SUFFIX)
+    for f in (portable.vmfb, portable.params, portable.manifest, probe):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    out = tmp_path / "mlp.vmfb"
     art = llmc.compile(_mlp(), (torch.randn(4, 64),), arch="x86-64-v3", output=out)
-    assert not (tmp_path / ("m" + cpu_variants.PROBE_SUFFIX)).exists()
+    assert not (tmp_path / probe.name).exists()
     assert "cpu_variants" not in json.loads(art.manifest.read_text())["target"]
 
 

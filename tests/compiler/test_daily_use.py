@@ -9,7 +9,8 @@ import sys
 
 import pytest
 import torch
-from test_cli_errors import assert_one_line_error, run_cli
+from conftest import llmc_in_process
+from test_cli_errors import assert_one_line_error
 
 
 @pytest.mark.parametrize(
@@ -25,10 +26,11 @@ from test_cli_errors import assert_one_line_error, run_cli
     ids=["empty-folder", "hf-without-config", "non-llama-config", "bare-state-dict", "whole-model", "garbage-pth"],
 )
 def test_not_a_checkpoint_says_what_is_missing(tmp_path, make, needles):
+    """In-process (conftest.llmc_in_process): a list of error cases, each a Python with torch otherwise."""
     src = tmp_path / "ck"
     src.mkdir()
     model = make(src)
-    proc = run_cli("compile", model, "-o", tmp_path / "out.vmfb", cwd=tmp_path)
+    proc = llmc_in_process("compile", model, "-o", tmp_path / "out.vmfb")
     msg = assert_one_line_error(proc, str(model))
     for n in needles:
         assert n in msg, msg
@@ -54,7 +56,10 @@ def test_argument_errors_do_not_import_torch(tmp_path, argv):
 
 def test_bare_state_dict_compiles_with_config(tmp_path):
     """`llmc compile llama.pt --config NAME`: a Meta state dict with nothing beside it compiles to the
-    module its checkpoint folder gives (same greedy tokens); without --config, exit 2 naming the flag."""
+    module its checkpoint folder gives: `llmc diff FOLDER bare.vmfb` (the folder's config, prompt and
+    greedy decode steps against eager PyTorch, f32 tolerance profile: max_rel 1e-5, cosine 0.99999)
+    passes. Without --config, exit 2 naming the flag; a config the weights do not fit is refused.
+    In-process (conftest.llmc_in_process): what is checked is what llmc says, not the interpreter."""
     import shutil
 
     import llmc
@@ -64,13 +69,15 @@ def test_bare_state_dict_compiles_with_config(tmp_path):
     bare = tmp_path / "alone" / "llama.pt"
     bare.parent.mkdir()
     shutil.copy(ck / "consolidated.00.pth", bare)
-    msg = assert_one_line_error(run_cli("compile", bare, "-o", tmp_path / "x.vmfb", cwd=tmp_path), "llama.pt", "params.json")
+    msg = assert_one_line_error(llmc_in_process("compile", bare, "-o", tmp_path / "x.vmfb"), "llama.pt", "params.json")
     assert "--config" in msg
-    proc = run_cli("compile", bare, "--config", "tiny", "--max-seq-len", "32", "-o", tmp_path / "bare.vmfb", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    ref = llmc.compile(ck, output=tmp_path / "ref.vmfb", max_seq_len=32)
-    got, want = llmc.load(tmp_path / "bare.vmfb"), llmc.load(ref)
-    assert got.manifest["llm"]["config"]["dim"] == want.manifest["llm"]["config"]["dim"]
-    assert got.generate([1, 2, 3], 8, stop_at_eos=False) == want.generate([1, 2, 3], 8, stop_at_eos=False)
-    refused = run_cli("compile", bare, "--config", "tiny-llama3", "-o", tmp_path / "y.vmfb", cwd=tmp_path)
+    refused = llmc_in_process("compile", bare, "--config", "tiny-llama3", "-o", tmp_path / "y.vmfb")
     assert_one_line_error(refused, "do not match config tiny-llama3")
+    assert not list(tmp_path.glob("[xy].*"))
+    proc = llmc_in_process("compile", bare, "--config", "tiny", "--max-seq-len", "16", "-o", tmp_path / "bare.vmfb")
+    assert proc.returncode == 0, proc.stderr
+    got = llmc.load(tmp_path / "bare.vmfb")
+    assert got.manifest["llm"]["config"]["name"] == "tiny" and got.manifest["llm"]["config"]["dim"] == 64
+    diff = llmc_in_process("diff", ck, tmp_path / "bare.vmfb", "--steps", "4")
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    assert "greedy tokens: 4 of 4 decode-step inputs agree" in diff.stdout, diff.stdout

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 _WRITE = textwrap.dedent("""
@@ -35,9 +36,16 @@ _WRITE = textwrap.dedent("""
 _READ_PLAIN = "import sys, torch; torch.export.load(sys.argv[1])"
 
 
-def test_qdq_pt2_loads_and_imports_in_a_fresh_process(tmp_path):
-    pt2 = tmp_path / "q.pt2"
+@pytest.fixture(scope="module")
+def qdq_pt2(tmp_path_factory):
+    """The Q/DQ program, saved by a fresh process that has the quantized_decomposed ops (one writer for both tests)."""
+    pt2 = tmp_path_factory.mktemp("qdq") / "q.pt2"
     subprocess.run([sys.executable, "-c", _WRITE, str(pt2)], check=True, capture_output=True, timeout=300)
+    return pt2
+
+
+def test_qdq_pt2_loads_and_imports_in_a_fresh_process(qdq_pt2):
+    pt2 = qdq_pt2
     # Without the registration torch.export.load fails: what users saw from llmc before.
     plain = subprocess.run([sys.executable, "-c", _READ_PLAIN, str(pt2)], capture_output=True, text=True, timeout=300)
     assert plain.returncode != 0 and "quantized_decomposed" in plain.stderr
@@ -48,7 +56,7 @@ def test_qdq_pt2_loads_and_imports_in_a_fresh_process(tmp_path):
         assert f"torch.quantized_decomposed.{op}" in out.stdout
 
 
-def test_qdq_linear_compiles_and_matches_eager(tmp_path):
+def test_qdq_linear_compiles_and_matches_eager(qdq_pt2, tmp_path):
     """The Q/DQ program's quantization scales are Python floats, f64 scalars in torch-mlir; with f64
     kept IREE 3.13 failed ("failed to legalize operation 'arith.truncf' ... (f64) -> f32"). A program
     without f64 tensors now compiles with f64 demoted (compiler/lower.py compile_flags); one with f64
@@ -58,8 +66,7 @@ def test_qdq_linear_compiles_and_matches_eager(tmp_path):
     import llmc
     from llmc.compiler import export
 
-    pt2 = tmp_path / "q.pt2"
-    subprocess.run([sys.executable, "-c", _WRITE, str(pt2)], check=True, capture_output=True, timeout=300)
+    pt2 = qdq_pt2
     art = llmc.compile(pt2, output=tmp_path / "q.vmfb")
     assert "--iree-input-demote-f64-to-f32=false" not in art.read_manifest()["iree_flags"]
     x = torch.randn(2, 16)

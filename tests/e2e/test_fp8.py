@@ -5,6 +5,8 @@
   `llmc diff` passes both of its references: eager f32 with the original weights under the fp8
   profile (logits cosine >= 0.99, compiler/diff_metrics.py), and eager f32 with the same fp8 weights
   under the f32 profile (cosine >= 0.99999, max_rel <= 1e-5). Every quantized weight is 1 byte per element in the .irpa.
+  The same build carries tests/e2e/test_narrow_decode.py's checks: a decode step reads the packed
+  weights in llmc's C kernels, and its 16-token prefill bucket computes what the dynamic prefill does.
 - vulkan (lavapipe): the same diff passes (software decode, f16 math).
 """
 
@@ -14,6 +16,8 @@ import sys
 
 import pytest
 import torch
+from conftest import llmc_in_process
+from narrow_checks import check_bucket_matches_dynamic_prefill, check_kernel_reads, narrow_build_options
 
 import llmc
 from llmc.models.llama.config import get_config
@@ -33,7 +37,10 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cpu_fp8(checkpoint):
-    return llmc.compile(checkpoint / "hf", dtype="fp8", output=checkpoint / "fp8.vmfb", max_seq_len=MAX_SEQ, fp8_embeddings=True)
+    # with a 16-token bucket and IR dumps: the build also serves tests/e2e/test_narrow_decode.py's checks
+    # (PROMPT's 8 tokens and `llmc diff`'s 17 fit no bucket: the tests below run the dynamic prefill)
+    return llmc.compile(checkpoint / "hf", dtype="fp8", output=checkpoint / "fp8.vmfb", max_seq_len=MAX_SEQ, fp8_embeddings=True,
+                        **narrow_build_options(checkpoint))
 
 
 def _llmc(*args):
@@ -123,7 +130,7 @@ def test_cpu_fp8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_fp8):
     assert {k: sizes[f"{k}_fp8_scale"] for k in two_d} == {k: 4 * shapes[k][0] for k in two_d}  # one f32 scale per row
     manifest = cpu_fp8.read_manifest()
     assert manifest["dtype"] == "fp8" and manifest["compute_dtype"] == "f32"
-    r = _llmc("diff", checkpoint / "hf", cpu_fp8.vmfb, "--json", checkpoint / "diff.json")
+    r = llmc_in_process("diff", checkpoint / "hf", cpu_fp8.vmfb, "--json", checkpoint / "diff.json")
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads((checkpoint / "diff.json").read_text())
     assert report["passed"] and report["profile"] == "fp8"
@@ -137,6 +144,16 @@ def test_cpu_fp8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_fp8):
     assert min(same) >= 0.99999 and max(o["max_rel"] for o in vs_same["outputs"]) <= 1e-5
     assert max(1 - c for c in cosines) > 100 * max(1 - c for c in same)
     assert "and vs the same fp8 weights" in r.stdout
+
+
+def test_cpu_fp8_decode_reads_the_packed_weights_in_the_kernels(checkpoint, cpu_fp8):
+    """tests/e2e/test_narrow_decode.py's check with the C kernels: each packed fp8 weight of a decode
+    step is read by llmc's matvec kernel, no widened copy written."""
+    check_kernel_reads(checkpoint, "fp8", get_config("tiny").n_layers)
+
+
+def test_cpu_fp8_bucket_matches_its_dynamic_prefill(cpu_fp8):
+    check_bucket_matches_dynamic_prefill(llmc.load(cpu_fp8), get_config("tiny").vocab_size)
 
 
 # Slow (52 s in CI): tests/e2e/test_dtype_matrix.py's vulkan-fp8 cell runs fp8 linears on lavapipe

@@ -4,6 +4,7 @@ checked against `transformers` LlamaForCausalLM (which reads the HF checkpoint w
 Tolerances: prefill logits vs eager f32, max |diff| / max |ref| <= 1e-5 (the f32 profile of
 compiler/diff_metrics.py); greedy tokens must be identical (32 in f32; the first 16 in bf16 against eager
 bf16, where both sides round every op to 8 bits of mantissa and long runs may legitimately part).
+The f32 build also carries the cpu defaults (no buckets, no static decode step).
 """
 
 import json
@@ -49,6 +50,17 @@ def compiled(checkpoints):
     arts["hf"] = llmc.compile(root / "hf", output=root / "hf.vmfb", max_seq_len=MAX_SEQ)
     assert arts["hf"].read_manifest()["llm"]["max_seq_len"] == MAX_SEQ
     return arts
+
+
+def test_cpu_defaults_add_no_buckets_and_no_static_decode(compiled):
+    """On cpu, prefill buckets (pads cost compute there) and the static decode step (auto: off on every
+    target, compiler/llm.py) are off unless asked for: a default build has neither entry point.
+    (Checked here for tests/e2e/test_prefill_buckets.py and tests/e2e/test_static_decode.py, on a
+    default cpu build this file makes anyway.)"""
+    m = compiled["hf"].read_manifest()
+    assert m["llm"]["prefill_buckets"] == [] and not [e for e in m["entry_points"] if e.startswith("prefill_")]
+    assert "decode_static" not in m["llm"] and "decode_static" not in m["entry_points"]
+    assert sorted(m["entry_points"]) == ["decode", "prefill"]
 
 
 @pytest.mark.parametrize("fmt", ["meta", "hf"])
@@ -172,7 +184,7 @@ def test_llmc_diff_llm_artifact(checkpoints, compiled, tmp_path):
     from llmc.compiler.report import REPORT_SCHEMA
 
     root, config, _ = checkpoints
-    r = _llmc("diff", root / "hf", compiled["meta"].vmfb, "--steps", "4", "--json", tmp_path / "ok.json")
+    r = llmc_in_process("diff", root / "hf", compiled["meta"].vmfb, "--steps", "4", "--json", tmp_path / "ok.json")
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads((tmp_path / "ok.json").read_text())
     jsonschema.validate(rep, REPORT_SCHEMA)
@@ -180,7 +192,7 @@ def test_llmc_diff_llm_artifact(checkpoints, compiled, tmp_path):
     assert names == ["prefill.logits"] + [f"decode[{i}].logits" for i in range(4)]
 
     write_checkpoint(config, "hf", tmp_path / "other", dtype="f32", seed=4)
-    r = _llmc("diff", tmp_path / "other", compiled["meta"].vmfb, "--steps", "2")
+    r = llmc_in_process("diff", tmp_path / "other", compiled["meta"].vmfb, "--steps", "2")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL" in r.stdout and "logits" in r.stdout.strip().splitlines()[-1]
 

@@ -6,13 +6,11 @@ f32) and against the module's own dynamic prefill (logits and the cache's prompt
 """
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import vulkan_or_skip
+from conftest import llmc_in_process, vulkan_or_skip
 
 transformers = pytest.importorskip("transformers")
 
@@ -102,15 +100,12 @@ def test_gpu_targets_get_buckets_by_default(setup, tmp_path):
     assert [b["tokens"] for b in m["llm"]["prefill_buckets"]] == [128]  # 512 and 2048 exceed max_seq_len 256
     assert m["llm"]["prefill_bucket_min_fill"] == 0.0
     assert m["entry_points"]["prefill_128"]["inputs"][0]["shape"] == [1, 128]
-    info = subprocess.run([sys.executable, "-m", "llmc.compiler.cli", "info", str(tmp_path / "g.vmfb")], capture_output=True, text=True)
+    info = llmc_in_process("info", tmp_path / "g.vmfb")
     assert "prefill:  buckets 128 tokens" in info.stdout, info.stdout + info.stderr
 
 
-def test_cpu_gets_none_by_default(setup, tmp_path):
-    root, *_ = setup
-    art = llmc.compile(root / "hf", output=tmp_path / "c.vmfb", max_seq_len=MAX_SEQ)
-    m = art.read_manifest()
-    assert m["llm"]["prefill_buckets"] == [] and "prefill_16" not in m["entry_points"]
+# cpu gets no buckets by default: tests/e2e/test_llama_generate.py::test_cpu_defaults_add_no_buckets_and_no_static_decode
+# (a default cpu build that file makes anyway).
 
 
 @pytest.mark.parametrize("value, needle, extra", [
@@ -122,8 +117,7 @@ def test_cpu_gets_none_by_default(setup, tmp_path):
 ])
 def test_bad_buckets_are_refused_with_one_line(setup, tmp_path, value, needle, extra):
     root, *_ = setup
-    r = subprocess.run([sys.executable, "-m", "llmc.compiler.cli", "compile", str(root / "hf"), "--max-seq-len", "128",
-                        "--prefill-buckets", value, *extra, "-o", str(tmp_path / "x.vmfb")], capture_output=True, text=True)
+    r = llmc_in_process("compile", root / "hf", "--max-seq-len", "128", "--prefill-buckets", value, *extra, "-o", tmp_path / "x.vmfb")
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
@@ -167,24 +161,9 @@ def test_spirv_f16_buckets_are_refused(setup, tmp_path):
             llmc.compile(root / "hf", target=target, dtype="f16", output=tmp_path / "v.vmfb", max_seq_len=MAX_SEQ, prefill_buckets=(64,))
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp8", "int8"])
-def test_cpu_narrow_dtype_bucket_matches_its_dynamic_prefill(setup, tmp_path, dtype):
-    """bf16/fp8/int8 weights on cpu: the bucket computes what the dynamic prefill does (same narrow
-    weights, same f32 math) and generate uses it."""
-    root, config, _, _ = setup
-    art = llmc.compile(root / "hf", dtype=dtype, output=tmp_path / "n.vmfb", max_seq_len=MAX_SEQ, prefill_buckets=(16,))
-    mod = llmc.load(art)
-    prompt = _prompt(16, config.vocab_size)
-    got = mod.generate(prompt, 8, stop_at_eos=False)
-    assert mod.last_generation.prefill_function == "prefill_16"
-    spec = mod.manifest["llm"]["cache"]
-    zeros = [np.zeros(spec["shape"], dtype=np.float32) for _ in range(spec["count"])]
-    dyn = mod.host(mod.entry_points["prefill"].call_raw([np.asarray([prompt], dtype=np.int64), *zeros])[0])
-    zeros = [np.zeros(spec["shape"], dtype=np.float32) for _ in range(spec["count"])]
-    bkt = mod.host(mod.entry_points["prefill_16"].call_raw([np.asarray([prompt], dtype=np.int64), np.asarray([16]), *zeros])[0])
-    # the two prefills agree to f32 rounding (matmul blocking differs between a static and a dynamic M)
-    assert np.abs(bkt - dyn).max() <= 1e-5 * np.abs(dyn).max()
-    assert got[0] == int(np.argmax(dyn))
+# bf16/fp8/int8 weights on cpu, a bucket against the dynamic prefill of the same module:
+# tests/e2e/test_narrow_decode.py::test_cpu_narrow_dtype_bucket_matches_its_dynamic_prefill (the build that
+# file makes of each dtype for its kernels check serves both).
 
 
 def test_cpu_buckets_with_aggressive_fusion_are_refused(setup, tmp_path):
@@ -199,8 +178,7 @@ def test_cpu_buckets_with_aggressive_fusion_are_refused(setup, tmp_path):
 def test_llmc_diff_checks_every_bucket_the_prompt_fits(setup, tmp_path):
     root, *_ = setup
     vmfb = root / "b.vmfb"
-    r = subprocess.run([sys.executable, "-m", "llmc.compiler.cli", "diff", str(root / "hf"), str(vmfb), "--seq", "20",
-                        "--steps", "2", "--json", str(tmp_path / "d.json")], capture_output=True, text=True)
+    r = llmc_in_process("diff", root / "hf", vmfb, "--seq", "20", "--steps", "2", "--json", tmp_path / "d.json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "prefill_64.logits" in r.stdout and "prefill_16.logits" not in r.stdout  # 20 tokens do not fit 16
     outputs = json.dumps(json.loads((tmp_path / "d.json").read_text()))

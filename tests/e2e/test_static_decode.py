@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import llmc_in_process
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,7 +45,7 @@ def test_manifest_and_static_shapes(setup):
     shapes = [i["shape"] for i in mod.manifest["entry_points"]["decode_static"]["inputs"]]
     assert shapes[:2] == [[1, 1], [1]]  # static: no dynamic dimension
     assert all(s == llm["cache"]["shape"] for s in shapes[2:]) and len(shapes) == 2 + llm["cache"]["count"]
-    info = subprocess.run([sys.executable, "-m", "llmc.compiler.cli", "info", str(mod.vmfb)], capture_output=True, text=True)
+    info = llmc_in_process("info", mod.vmfb)
     assert "decode:   decode_static for every step" in info.stdout, info.stdout + info.stderr
 
 
@@ -84,10 +85,8 @@ def test_static_step_logits_equal_the_dynamic_step(setup):
         dyn_cache, st_cache, tok = d[1:], s[1:], int(d[0].reshape(-1).argmax())
 
 
-def test_off_by_default_on_cpu(setup, tmp_path):
-    root, *_ = setup
-    m = llmc.compile(root / "hf", output=tmp_path / "d.vmfb", max_seq_len=MAX_SEQ, prefill_buckets="none").read_manifest()
-    assert "decode_static" not in m["llm"] and "decode_static" not in m["entry_points"]
+# Off by default on cpu: tests/e2e/test_llama_generate.py::test_cpu_defaults_add_no_buckets_and_no_static_decode
+# (a default cpu build that file makes anyway).
 
 
 def test_bad_uses_are_refused(setup, tmp_path):
@@ -128,21 +127,16 @@ def test_a_later_generate_reuses_the_cache_and_its_stale_rows_change_nothing(set
 
 
 def test_cuda_records_the_static_step_once(setup, tmp_path):
-    from llmc.compiler.iree import iree_compile_path
-
     """What decode_static is for: on a GPU target IREE memoizes its command buffer (recorded once,
     reusable, buffers bound per call), where the dynamic decode records a one-shot buffer every
-    call. Read from IREE's HAL-stage IR of the module llmc compiles (cuda, compile-only here)."""
+    call. Read from IREE's HAL-stage IR of the module llmc compiles (cuda, compile-only here): llmc's
+    own iree-compile stops after the HAL phase (`--compile-to=hal` comes after llmc's flags), so its
+    output is that IR, of exactly the module and flags llmc compiles, in one iree-compile run."""
     root, *_ = setup
-    art = llmc.compile(root / "hf", target="cuda", dtype="f16", output=tmp_path / "c.vmfb", max_seq_len=MAX_SEQ,
-                       prefill_buckets="none", static_decode="on", dump_ir=tmp_path / "ir")
+    art = llmc.compile(root / "hf", target="cuda", dtype="f16", output=tmp_path / "hal.vmfb", max_seq_len=MAX_SEQ,
+                       prefill_buckets="none", static_decode="on", extra_iree_flags=("--compile-to=hal",))
     assert "decode_static" in art.read_manifest()["entry_points"]
-    final = sorted((tmp_path / "ir").glob("*.mlir"))[-1]  # the text iree-compile was given
-    hal = tmp_path / "hal.mlir"
-    r = subprocess.run([iree_compile_path(), str(final), "--iree-input-type=torch", "--iree-hal-target-device=cuda",
-                        "--iree-cuda-target=sm_89", "--compile-to=hal", "-o", str(hal)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    text = hal.read_text()
+    text = art.vmfb.read_text()
     memo = text.split("@__decode_static$async_memoize_apply", 1)
     assert len(memo) == 2, "decode_static's command buffer is not memoized"
     assert 'mode("None")' in memo[1].split("util.func", 1)[0]  # reusable, not OneShot

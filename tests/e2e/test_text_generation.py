@@ -17,6 +17,7 @@ import sys
 
 import jinja2
 import pytest
+from conftest import llmc_in_process
 
 import llmc
 from llmc.errors import InputError
@@ -26,7 +27,8 @@ from llmc.tools.make_checkpoint import write_checkpoint
 
 MAX_SEQ = 64
 PROMPT = "The quick brown fox jumps over the lazy dog. Café 日本語"
-CONFIG = get_config("tiny-llama3").replace(vocab_size=1024)  # room for 256 bytes + merges + Meta's 256 special tokens
+# room for 256 bytes + merges + Meta's 256 special tokens; one layer: what is checked here is text in and out
+CONFIG = get_config("tiny-llama3").replace(vocab_size=1024, n_layers=1)
 # (tokenizer kind, checkpoint format): Llama-3 HF with a chat template, Llama-3 Meta, Llama-2 HF with [INST] chat
 CASES = {"hf": ("hf", "hf"), "tiktoken": ("tiktoken", "meta"), "sentencepiece": ("sentencepiece", "hf")}
 TOKENIZER_FILE = {"hf": "tokenizer.json", "tiktoken": "tokenizer.model", "sentencepiece": "tokenizer.model"}
@@ -48,7 +50,9 @@ def _llmc(*args):
 
 
 def _run_json(vmfb, *args):
-    r = _llmc("run", vmfb, *args, "--max-new-tokens", 8, "--no-eos", "--json")
+    """`llmc run ... --json` in this process (the CLI's answer, not the process's: the streamed output
+    and the one-line errors below are checked with real processes)."""
+    r = llmc_in_process("run", vmfb, *args, "--max-new-tokens", 8, "--no-eos", "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 

@@ -12,6 +12,9 @@ the eager ModelOutput (only "logits" here).
 
 Tolerances come from llmc.compiler.diff_metrics: f32 max relative error <= 1e-5 (and the greedy token of the
 last position must agree), bf16 cosine >= 0.999 against eager bf16.
+
+Each (model, dtype) is compiled once per module (the `compiled` fixture): the wrong-weights test reads
+the Llama f32 module test_hf_causal_lm_matches_eager built.
 """
 
 import os
@@ -69,14 +72,28 @@ def eager_logits(model, ids, dtype):
     return hf_eager(model, ids, dtype, KWARGS)
 
 
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """compiled(arch, dtype) -> (model, artifact): BUILDERS[arch]() (seed 0) compiled once per module."""
+    root, done = tmp_path_factory.mktemp("hf"), {}
+
+    def get(arch, dtype):
+        if (arch, dtype) not in done:
+            model = BUILDERS[arch]()
+            art = llmc.compile(model, (input_ids(),), dtype=dtype, example_kwargs=KWARGS, output=root / f"{arch}_{dtype}.vmfb")
+            done[arch, dtype] = model, art
+        return done[arch, dtype]
+
+    return get
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("arch", sorted(BUILDERS))
-def test_hf_causal_lm_matches_eager(arch, dtype, tmp_path):
-    model = BUILDERS[arch]()
+def test_hf_causal_lm_matches_eager(compiled, arch, dtype):
+    model, art = compiled(arch, dtype)
     assert model.config._attn_implementation == "sdpa"
     ids = input_ids()
 
-    art = llmc.compile(model, (ids,), dtype=dtype, example_kwargs=KWARGS, output=tmp_path / f"{arch}_{dtype}.vmfb")
     got = llmc.load(art)(ids, **KWARGS)
     ref = eager_logits(model, ids, dtype)
 
@@ -106,12 +123,13 @@ def test_hf_causal_lm_matches_eager(arch, dtype, tmp_path):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_hf_llama_other_weights_are_caught(tmp_path):
-    """The comparison can fail: a module compiled from differently-seeded weights is far off."""
-    model = build_llama()
+def test_hf_llama_other_weights_are_caught(compiled):
+    """The comparison can fail: a module compiled from differently-seeded weights is far off (the
+    seed-0 Llama's f32 module against eager on seed-1 weights)."""
+    model, art = compiled("llama", "f32")
     torch.manual_seed(1)
     other = transformers.LlamaForCausalLM(model.config).eval()
     ids = input_ids()
-    got = llmc.load(llmc.compile(other, (ids,), example_kwargs=KWARGS, output=tmp_path / "o.vmfb"))(ids, **KWARGS)
-    r = diff_metrics.compare("logits", got["logits"], eager_logits(model, ids, "f32").logits, diff_metrics.TOLERANCES["f32"])
+    got = llmc.load(art)(ids, **KWARGS)
+    r = diff_metrics.compare("logits", got["logits"], eager_logits(other, ids, "f32").logits, diff_metrics.TOLERANCES["f32"])
     assert not r.passed and r.max_rel > 0.1, r

@@ -2,6 +2,9 @@
 
 Tolerances come from the one table in llmc.compiler.diff_metrics (f32: max relative error <= 1e-5; bf16:
 cosine >= 0.999 against eager bf16); they are not picked per test.
+
+Each (model, dtype) is compiled once per module (the `compiled` fixture): the dynamic-sequence test
+and the wrong-model test read the f32 modules test_zoo_matches_eager built.
 """
 
 import pytest
@@ -23,11 +26,25 @@ def eager(model, args, dtype):
         return ref_model(*args)
 
 
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """compiled(name, dtype) -> (model, args, artifact): zoo.build(name) (seed 0) compiled once per module."""
+    root, done = tmp_path_factory.mktemp("zoo"), {}
+
+    def get(name, dtype):
+        if (name, dtype) not in done:
+            model, args, dynamic = zoo.build(name)
+            art = llmc.compile(model, args, dtype=dtype, dynamic_shapes=dynamic, output=root / f"{name}_{dtype}.vmfb")
+            done[name, dtype] = model, args, art
+        return done[name, dtype]
+
+    return get
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("name", zoo.ZOO)
-def test_zoo_matches_eager(name, dtype, tmp_path):
-    model, args, dynamic = zoo.build(name)
-    art = llmc.compile(model, args, dtype=dtype, dynamic_shapes=dynamic, output=tmp_path / f"{name}.vmfb")
+def test_zoo_matches_eager(compiled, name, dtype):
+    model, args, art = compiled(name, dtype)
     got = llmc.load(art)(*args)
     ref = eager(model, args, dtype)
     assert got.dtype == ref.dtype, "outputs come back in the dtype eager returns for the converted model"
@@ -41,9 +58,9 @@ def test_zoo_matches_eager(name, dtype, tmp_path):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_dynamic_sequence_one_artifact_many_lengths(tmp_path):
-    model, args, dynamic = zoo.build("tiny_llama")
-    mod = llmc.load(llmc.compile(model, args, dynamic_shapes=dynamic, output=tmp_path / "t.vmfb"))
+def test_dynamic_sequence_one_artifact_many_lengths(compiled):
+    model, _, art = compiled("tiny_llama", "f32")  # compiled with zoo's dynamic sequence dim
+    mod = llmc.load(art)
     g = torch.Generator().manual_seed(5)
     for seq in (3, 17, 64):
         ids = torch.randint(0, 256, (1, seq), generator=g)
@@ -55,10 +72,11 @@ def test_dynamic_sequence_one_artifact_many_lengths(tmp_path):
         assert r.max_rel <= 1e-5, r
 
 
-def test_a_wrong_model_is_caught(tmp_path):
-    """The comparison itself can fail: an artifact from other weights is far off."""
-    model, args, _ = zoo.build("mlp_silu", seed=0)
+def test_a_wrong_model_is_caught(compiled):
+    """The comparison itself can fail: an artifact from other weights is far off (mlp_silu's seed-0
+    module against eager on the seed-1 weights)."""
+    _, args, art = compiled("mlp_silu", "f32")
     other, _, _ = zoo.build("mlp_silu", seed=1)
-    got = llmc.load(llmc.compile(other, args, output=tmp_path / "o.vmfb"))(*args)
-    r = diff_metrics.compare("out", got, eager(model, args, "f32"), diff_metrics.TOLERANCES["f32"])
+    got = llmc.load(art)(*args)
+    r = diff_metrics.compare("out", got, eager(other, args, "f32"), diff_metrics.TOLERANCES["f32"])
     assert not r.passed and r.max_rel > 0.1

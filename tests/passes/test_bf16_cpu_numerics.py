@@ -60,21 +60,6 @@ def test_fp8_embedding_output_compiles_for_hip(tmp_path):
     assert stats["rewrote"] == 2
 
 
-def test_a_tied_output_stays_f32_and_others_are_bf16(tmp_path):
-    """The Llama's KV cache is returned into its own f32 buffer: the bf16-outputs pass leaves tied
-    outputs alone (compile_llm ties prefill's cache outputs to its cache inputs)."""
-    from llmc.models.llama.config import get_config
-    from llmc.models.llama.model import init_random
-
-    art = llmc.compile(init_random(get_config("tiny"), seed=1), output=tmp_path / "l.vmfb", dtype="bf16", max_seq_len=32, quiet=True)
-    manifest = art.read_manifest()
-    stats = {p["name"]: p for p in manifest["passes"]}["bf16-outputs"]
-    n_cache = 2 * get_config("tiny").n_layers
-    assert stats["rewrote"] == 2 and stats["declined"] == 2 * n_cache  # logits of prefill and decode; every cache output
-    outs = manifest["entry_points"]["prefill"]["outputs"]["children"]
-    assert [o["dtype"] for o in outs] == ["bfloat16"] + ["float32"] * n_cache
-
-
 def test_bf16_inputs_are_taken_like_eager_bf16(tmp_path):
     torch.manual_seed(0)
     lin = torch.nn.Linear(16, 8).eval()
@@ -86,25 +71,59 @@ def test_bf16_inputs_are_taken_like_eager_bf16(tmp_path):
     assert got.dtype == torch.bfloat16 and torch.equal(got, mod(xb.float()))
 
 
-@pytest.mark.parametrize("source", [torch.bfloat16, torch.float16])
-def test_llama_checkpoint_dtypes_all_get_bf16_packed_weights(tmp_path, source):
-    """A bf16 checkpoint's linears stay bf16 through export (stored as their bits); an f16 one's are
-    converted, so they are rounded to bf16 and packed like the rest, not left f16 and declined."""
+@pytest.fixture(scope="module")
+def llama_bf16(tmp_path_factory):
+    """llama_bf16(source): the tiny Llama with `source` weights compiled for cpu bf16, once per module."""
     from llmc.models.llama.config import get_config
     from llmc.models.llama.model import init_random
 
+    root, done = tmp_path_factory.mktemp("llama_bf16"), {}
+
+    def get(source):
+        if source not in done:
+            out = root / f"{str(source).split('.')[-1]}.vmfb"
+            done[source] = llmc.compile(init_random(get_config("tiny"), seed=2, dtype=source), output=out, dtype="bf16", max_seq_len=32, quiet=True)
+        return done[source]
+
+    return get
+
+
+@pytest.mark.parametrize("source", [torch.bfloat16, torch.float16])
+def test_llama_checkpoint_dtypes_all_get_bf16_packed_weights(llama_bf16, source):
+    """A bf16 checkpoint's linears stay bf16 through export (stored as their bits); an f16 one's are
+    converted, so they are rounded to bf16 and packed like the rest, not left f16 and declined."""
+    from llmc.models.llama.config import get_config
+
     cfg = get_config("tiny")
-    art = llmc.compile(init_random(cfg, seed=2, dtype=source), output=tmp_path / "l.vmfb", dtype="bf16", max_seq_len=32, quiet=True)
+    art = llama_bf16(source)
     stats = {p["name"]: p for p in art.read_manifest()["passes"]}["bf16-weights"]
     assert stats["declined"] == 0, stats["decline_reasons"]
     # 7 linears per layer and the output head, in each of prefill and decode
     assert sum(v for k, v in stats["forms"].items() if k.startswith("packed")) == 2 * (7 * cfg.n_layers + 1)
 
 
+def test_a_tied_output_stays_f32_and_others_are_bf16(llama_bf16):
+    """The Llama's KV cache is returned into its own f32 buffer: the bf16-outputs pass leaves tied
+    outputs alone (compile_llm ties prefill's cache outputs to its cache inputs). Read from
+    test_llama_checkpoint_dtypes_all_get_bf16_packed_weights[source0]'s module (the pass does not look
+    at the weights' source dtype)."""
+    from llmc.models.llama.config import get_config
+
+    manifest = llama_bf16(torch.bfloat16).read_manifest()
+    stats = {p["name"]: p for p in manifest["passes"]}["bf16-outputs"]
+    n_cache = 2 * get_config("tiny").n_layers
+    assert stats["rewrote"] == 2 and stats["declined"] == 2 * n_cache  # logits of prefill and decode; every cache output
+    outs = manifest["entry_points"]["prefill"]["outputs"]["children"]
+    assert [o["dtype"] for o in outs] == ["bfloat16"] + ["float32"] * n_cache
+
+
+@pytest.mark.slow
 def test_vulkan_bf16_llama_from_bf16_weights_compiles(tmp_path):
     """SPIR-V converts a bf16 checkpoint's weights (compiler/llm.py _kept_narrow): kept bf16 there,
     iree-compile failed ("'tensor.cast' op operand type 'tensor<64x64xf32>' and result type
-    'tensor<64x64xbf16>' are cast incompatible")."""
+    'tensor<64x64xbf16>' are cast incompatible"). Slow: the default run covers it with
+    tests/e2e/test_gpu_targets.py::test_vulkan_llmc_diff_passes[bf16], which compiles a bf16
+    checkpoint of the same tiny Llama for vulkan bf16 and runs it against eager."""
     from llmc.models.llama.config import get_config
     from llmc.models.llama.model import init_random
 

@@ -1,33 +1,54 @@
 """tools/bench.py end to end on the tiny Llama: fp8 artifacts (with and without prefill buckets, with and
 without the cpu matvec kernels) and both eager references at one thread, one round. Checks what the report claims against its own raw samples (medians, ratios,
-roofline) and that every output file is written; speed itself is not tested (it is a benchmark)."""
+roofline) and that every output file is written; speed itself is not tested (it is a benchmark).
 
+Two runs, three compiles (each ~15-40 s): `--kernels both` builds fp8 with and without the kernels; a second
+run, `--prefill-buckets 8 --kernels off --keep`, reuses the first's build without kernels and compiles only
+the bucket build without them (the names of both options together). One run with both options would
+compile their cross product, four builds."""
+
+import contextlib
+import io
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench.py"
+COMMON = ["--config", "tiny", "--dtypes", "fp8", "--threads", "1", "--prompt", "8", "--decode", "4", "--reps", "1"]
+
+
+def _bench(out: Path, *extra: str):
+    """bench.main in this process (its compiles are llmc.compile calls either way; a Python with torch
+    costs ~6 s), its worker a process of its own as always: (out, report, stdout)."""
+    from llmc.tools import bench
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = bench.main([*COMMON, "--out", str(out), *extra])
+    assert code == 0, stdout.getvalue()[-2000:]
+    return out, json.loads((out / "bench.json").read_text()), stdout.getvalue()
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run([sys.executable, str(BENCH), "--config", "tiny", "--dtypes", "fp8", "--threads", "1", "--prompt", "8",
-                           "--decode", "4", "--reps", "1", "--prefill-buckets", "8", "--kernels", "both", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return out, json.loads((out / "bench.json").read_text()), proc.stdout
+def reports(tmp_path_factory):
+    kernels = _bench(tmp_path_factory.mktemp("bench"), "--kernels", "both")
+    out = tmp_path_factory.mktemp("buckets")
+    for suffix in (".vmfb", ".irpa", ".json"):  # --keep reuses the first run's build without kernels
+        (out / f"fp8-nokernels{suffix}").symlink_to(kernels[0] / f"fp8-nokernels{suffix}")
+    buckets = _bench(out, "--prefill-buckets", "8", "--kernels", "off", "--keep")
+    return {"kernels": kernels, "buckets": buckets}
 
 
-def test_rows_are_the_medians_of_the_samples_and_ratios_of_the_rows(report):
-    _, rep, _ = report
+ENGINES = {"kernels": {"llmc fp8", "llmc fp8 [no kernels]"},
+           "buckets": {"llmc fp8 [no kernels]", "llmc fp8 [buckets 8] [no kernels]"}}
+
+
+@pytest.mark.parametrize("which", ["kernels", "buckets"])
+def test_rows_are_the_medians_of_the_samples_and_ratios_of_the_rows(reports, which):
+    _, rep, _ = reports[which]
     (run,) = rep["runs"]
-    assert run["threads"] == 1 and set(run["samples"]) == {"llmc fp8", "llmc fp8 [buckets 8]", "llmc fp8 [no kernels]",
-                                                           "llmc fp8 [buckets 8] [no kernels]", "eager f32", "eager bf16"}
+    assert run["threads"] == 1 and set(run["samples"]) == ENGINES[which] | {"eager f32", "eager bf16"}
     rows = {(r["phase"], r["engine"]): r for r in rep["rows"]}
     assert set(rows) == {(p, e) for p in ("prefill", "decode") for e in run["samples"]}
     for (phase, engine), r in rows.items():
@@ -39,11 +60,12 @@ def test_rows_are_the_medians_of_the_samples_and_ratios_of_the_rows(report):
                 assert r[f"vs {ref}"] == pytest.approx(r["tok_s"] / rows[phase, ref]["tok_s"])
 
 
-def test_decode_roofline_uses_the_streamed_weight_bytes(report):
+@pytest.mark.parametrize("which", ["kernels", "buckets"])
+def test_decode_roofline_uses_the_streamed_weight_bytes(reports, which):
     from llmc.models.llama.config import get_config
     from llmc.models.llama.model import init_random
 
-    _, rep, _ = report
+    _, rep, _ = reports[which]
     llama = init_random(get_config("tiny"))
     embed = llama.model.embed_tokens.weight.numel()
     assert rep["streamed_parameters"] == sum(p.numel() for p in llama.parameters()) - embed
@@ -58,38 +80,44 @@ def test_decode_roofline_uses_the_streamed_weight_bytes(report):
             assert "pct_roofline" not in r
 
 
-def test_table_and_plot_are_written(report):
-    out, rep, stdout = report
+@pytest.mark.parametrize("which, builds", [("kernels", ["fp8", "fp8-nokernels"]), ("buckets", ["fp8-b8-nokernels"])])
+def test_table_and_plot_are_written(reports, which, builds):
+    out, rep, stdout = reports[which]
     table = (out / "bench.md").read_text()
     for r in rep["rows"]:
         assert f"| {r['phase']} | {r['engine']} | 1 | {r['tok_s']:.1f} |" in table
     assert table in stdout  # printed too
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "fp8.vmfb").exists() and (out / "fp8-b8.vmfb").exists() and not list(out.glob("*.tmp"))
+    assert all((out / f"{b}.vmfb").exists() for b in builds) and not list(out.glob("*.tmp"))
 
 
-def test_the_bucket_build_prefills_with_its_bucket(report):
+def test_the_bucket_build_prefills_with_its_bucket(reports):
     """--prefill-buckets builds each dtype twice; the second's rows are timed on its prefill_N entry
-    point (the 8-token prompt fills bucket 8), the first's on the dynamic prefill."""
-    out, rep, _ = report
+    point (the 8-token prompt fills bucket 8), the first's on the dynamic prefill. With --kernels off
+    both builds are the ones without kernels, named so; --keep compiled only the build not already there."""
+    out, rep, _ = reports["buckets"]
     (run,) = rep["runs"]
-    assert run["prefill_functions"] == {"llmc fp8": ["prefill"], "llmc fp8 [buckets 8]": ["prefill_8"],
-                                        "llmc fp8 [no kernels]": ["prefill"], "llmc fp8 [buckets 8] [no kernels]": ["prefill_8"]}
-    buckets = json.loads((out / "fp8-b8.json").read_text())["llm"]["prefill_buckets"]
+    assert run["prefill_functions"] == {"llmc fp8 [no kernels]": ["prefill"], "llmc fp8 [buckets 8] [no kernels]": ["prefill_8"]}
+    assert list(rep["compile_seconds"]) == ["fp8 [buckets 8] [no kernels]"]
+    buckets = json.loads((out / "fp8-b8-nokernels.json").read_text())["llm"]["prefill_buckets"]
     assert [b["tokens"] for b in buckets] == [8]
+    assert not (out / "fp8.vmfb").exists() and not (out / "fp8-b8.vmfb").exists()  # --kernels off: no build with kernels
 
 
-def test_kernels_both_builds_each_narrow_dtype_with_and_without_them(report):
+def test_kernels_both_builds_each_narrow_dtype_with_and_without_them(reports):
     """--kernels both: the second build of each dtype is compiled with LLMC_CPU_KERNELS=off, which its
-    manifest's pass statistics show."""
-    out, _, _ = report
+    manifest's pass statistics show (so does the bucket build of --kernels off)."""
+    out, rep, _ = reports["kernels"]
+    assert set(rep["compile_seconds"]) == {"fp8", "fp8 [no kernels]"}
+    assert rep["runs"][0]["prefill_functions"] == {"llmc fp8": ["prefill"], "llmc fp8 [no kernels]": ["prefill"]}
 
-    def forms(stem):
-        fp8 = next(p for p in json.loads((out / f"{stem}.json").read_text())["passes"] if p["name"] == "fp8-weights")
+    def forms(path):
+        fp8 = next(p for p in json.loads(path.read_text())["passes"] if p["name"] == "fp8-weights")
         return " ".join(fp8["forms"])
 
-    assert "as C kernel calls" in forms("fp8") and "as a reduction" not in forms("fp8")
-    assert "as a reduction" in forms("fp8-nokernels") and "C kernel" not in forms("fp8-nokernels")
+    assert "as C kernel calls" in forms(out / "fp8.json") and "as a reduction" not in forms(out / "fp8.json")
+    for off in (out / "fp8-nokernels.json", reports["buckets"][0] / "fp8-b8-nokernels.json"):
+        assert "as a reduction" in forms(off) and "C kernel" not in forms(off)
 
 
 @pytest.mark.parametrize("args, message", [

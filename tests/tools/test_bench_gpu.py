@@ -2,10 +2,14 @@
 
 On a GPU machine the same two halves run with --target cuda; here `prepare --target cpu` compiles
 the tiny Llama for llvm-cpu, and `run --torch-device cpu` rebuilds its .irpa from a regenerated
-checkpoint and the recipe, runs it, and compares it with eager PyTorch.
+checkpoint and the recipe, runs it, and compares it with eager PyTorch. One case is compiled, once, for
+every test: tiny-f32-static (the plan's tiny-f32 with --static-decode on), whose decode_static entry
+point the probe needs besides decode; run and the recipe take it as they take any case. One run serves
+the run's tests: the good case and, before it, a copy whose recipe does not match its weights.
 """
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "bench_gpu.py"
+CASE = "tiny-f32-static"
+TAMPERED = "tiny-f32-static-tampered"
 
 
 def _tool(*args, cwd=None):
@@ -23,55 +29,72 @@ def _tool(*args, cwd=None):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu")
-    r = _tool("prepare", "--target", "cpu", "--only", "tiny-f32", "--out", str(root / "gpu"), "--scratch", str(root / "scratch"))
+    r = _tool("prepare", "--target", "cpu", "--only", CASE, "--out", str(root / "gpu"), "--scratch", str(root / "scratch"))
     assert r.returncode == 0, r.stderr
     return root
+
+
+@pytest.fixture(scope="module")
+def ran(prepared, tmp_path_factory):
+    """`run` over the prepared folder plus TAMPERED, CASE's files with one recipe entry's sha256 changed,
+    planned first (the same model: both share one PyTorch reference). Its report and Markdown."""
+    root = tmp_path_factory.mktemp("run")
+    gpu = root / "gpu"
+    shutil.copytree(prepared / "gpu", gpu)
+    for f in list(gpu.glob(f"{CASE}.*")):
+        shutil.copyfile(f, gpu / f.name.replace(CASE, TAMPERED, 1))
+    recipe = json.loads((gpu / f"{TAMPERED}.recipe.json").read_text())
+    victim = next(e for e in recipe["entries"] if "checkpoint" in e)
+    victim["sha256"] = "0" * 64
+    (gpu / f"{TAMPERED}.recipe.json").write_text(json.dumps(recipe))
+    plan = json.loads((gpu / "plan.json").read_text())
+    (case,) = plan
+    (gpu / "plan.json").write_text(json.dumps([dict(case, name=TAMPERED), case]))
+    r = _tool("run", "--dir", str(gpu), "--out", str(root / "out"), "--torch-device", "cpu", "--work", str(root / "work"))
+    assert r.returncode == 0, r.stderr  # the run reports per case; one bad case does not end it
+    return json.loads((root / "out" / "gpu-bench.json").read_text()), (root / "out" / "gpu-bench.md").read_text(), victim["name"]
 
 
 def test_recipe_leaves_the_archive_behind_and_names_its_sources(prepared):
     gpu = prepared / "gpu"
     assert not list(gpu.glob("*.irpa")), "a speed case's archive must not travel"
-    entries = json.loads((gpu / "tiny-f32.recipe.json").read_text())["entries"]
-    manifest = json.loads((gpu / "tiny-f32.json").read_text())
+    entries = json.loads((gpu / f"{CASE}.recipe.json").read_text())["entries"]
+    manifest = json.loads((gpu / f"{CASE}.json").read_text())
     assert len(entries) == manifest["params"]["count"]
     inline = {e["name"] for e in entries if "inline" in e}
     assert inline == {"rope_cos", "rope_sin"}  # everything else is a checkpoint tensor, byte for byte
     assert all(e["checkpoint"] == e["name"] for e in entries if "checkpoint" in e)
 
 
-def test_run_rebuilds_the_weights_and_matches_eager(prepared, tmp_path):
-    r = _tool("run", "--dir", str(prepared / "gpu"), "--out", str(tmp_path / "out"), "--torch-device", "cpu",
-              "--work", str(tmp_path / "work"))
-    assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / "out" / "gpu-bench.json").read_text())
-    case = report["cases"]["tiny-f32"]
+def test_run_rebuilds_the_weights_and_matches_eager(ran):
+    """Rebuilt from a checkpoint the run regenerated in its own --work folder."""
+    report, md, _ = ran
+    case = report["cases"][CASE]
     assert "error" not in case, case
     # f32 on both sides, same weights: every greedy token equal, logits to f32 rounding.
     assert case["tokens_match"] == 33
     assert case["ref"] in report["refs"] and report["refs"][case["ref"]]["config"] == "tiny"  # ratios taken against its own reference
     assert case["logits_max_abs_err"] <= 1e-4 * case["logits_ref_max_abs"]
     assert case["prefill_ms"] > 0 and case["decode_ms"] > 0
-    md = (tmp_path / "out" / "gpu-bench.md").read_text()
-    assert "| tiny-f32 (prefill) |" in md and "33/33" in md  # cpu: no buckets by default, the dynamic prefill ran
+    assert f"| {CASE} (prefill) |" in md and "33/33" in md  # cpu: no buckets by default, the dynamic prefill ran
 
 
-def test_run_refuses_weights_that_differ_from_the_compiled_ones(prepared, tmp_path):
-    gpu = tmp_path / "gpu"
-    subprocess.run(["cp", "-r", str(prepared / "gpu"), str(gpu)], check=True)
-    recipe = json.loads((gpu / "tiny-f32.recipe.json").read_text())
-    victim = next(e for e in recipe["entries"] if "checkpoint" in e)
-    victim["sha256"] = "0" * 64
-    (gpu / "tiny-f32.recipe.json").write_text(json.dumps(recipe))
-    r = _tool("run", "--dir", str(gpu), "--out", str(tmp_path / "out"), "--torch-device", "cpu", "--work", str(tmp_path / "work"))
-    assert r.returncode == 0, r.stderr  # the run reports per case; one bad case does not end it
-    case = json.loads((tmp_path / "out" / "gpu-bench.json").read_text())["cases"]["tiny-f32"]
-    assert "differs from the compiled one" in case["error"] and victim["name"] in case["error"]
+def test_run_refuses_weights_that_differ_from_the_compiled_ones(ran):
+    report, md, victim = ran
+    case = report["cases"][TAMPERED]
+    assert "differs from the compiled one" in case["error"] and victim in case["error"]
+    assert list(report["cases"]) == [TAMPERED, CASE]  # the good case ran after it
+    assert f"| {TAMPERED} | " in md
 
 
-def test_probe_times_each_decode_entry_alone_and_from_python(tmp_path):
-    r = _tool("prepare", "--target", "cpu", "--only", "tiny-f32-static", "--out", str(tmp_path / "gpu"), "--scratch", str(tmp_path / "s"))
-    assert r.returncode == 0, r.stderr
-    r = _tool("probe", "--dir", str(tmp_path / "gpu"), "--case", "tiny-f32-static", "--out", str(tmp_path / "out"), "--torch-device", "cpu")
+def test_probe_times_each_decode_entry_alone_and_from_python(prepared, tmp_path):
+    """--work holds the checkpoint prepare compiled against (make_checkpoint is deterministic: what probe
+    would write there again; test_run_rebuilds_the_weights_and_matches_eager regenerates it): the
+    recipe's rebuild still runs."""
+    ckpt = next((prepared / "scratch").glob("ckpt-*"))
+    shutil.copytree(ckpt, tmp_path / "work" / ckpt.name)
+    r = _tool("probe", "--dir", str(prepared / "gpu"), "--case", CASE, "--out", str(tmp_path / "out"), "--torch-device", "cpu",
+              "--work", str(tmp_path / "work"))
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "out" / "probe.json").read_text())
     # both entry points ran in iree-benchmark-module (a float, not its error line) and from Python
