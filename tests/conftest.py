@@ -13,20 +13,67 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # A test that runs on lavapipe (Mesa's CPU Vulkan driver) runs with the other worker idle: lavapipe's
 # threads want every core, and a Vulkan cell once stalled for minutes while the cores were shared
 # (docs/targets.md). Each test holds a lock (flock on this file) shared for its whole run (setup, call, teardown: a
-# module fixture's first setup included); a test marked `vulkan` (or with "vulkan" in its id) holds it
-# exclusively, and vulkan_or_skip() upgrades the lock of a test that did not say so. Without xdist
-# nothing is locked.
-_LOCK = {"fd": None, "mode": None}
+# module fixture's first setup included) and upgrades it to exclusive (waiting for the other worker's
+# test to end) when it starts on lavapipe: at vulkan_or_skip(), or, in a test marked `vulkan` (any
+# with "vulkan" in its id), at the first Vulkan device it opens in this process
+# (llmc.runtime.device.shared_device), so that its compiles run beside the other worker. A test that
+# runs lavapipe in a child process is marked `vulkan_exclusive`: exclusive from its start. Without
+# xdist nothing is locked.
+_LOCK = {"fd": None, "mode": None, "lazy": False}
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "vulkan: runs on lavapipe; under pytest-xdist it runs while the other workers wait")
+    config.addinivalue_line("markers", "vulkan: runs on lavapipe in this process; under pytest-xdist it runs there while the other workers wait")
+    config.addinivalue_line("markers", "vulkan_exclusive: runs on lavapipe in a child process; under pytest-xdist the other workers wait for all of it")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _lock_at_vulkan_devices()
+
+
+def _lock_at_vulkan_devices() -> None:
+    """Wrap llmc.runtime.device.shared_device (every Vulkan device llmc opens comes from it) so that a
+    `vulkan` test takes the exclusive lock when it opens one."""
+    from llmc.runtime import device
+
+    opener = device.shared_device
+
+    def shared_device(name, *args, **kwargs):
+        if _LOCK["lazy"] and str(name).startswith("vulkan"):
+            _lock(fcntl.LOCK_EX)
+        return opener(name, *args, **kwargs)
+
+    device.shared_device = shared_device
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "vulkan" in item.nodeid.lower() and not item.get_closest_marker("vulkan"):
             item.add_marker("vulkan")
+    _slowest_files_first(items)
+
+
+# ---- Slowest files first ----
+# `make test` hands whole files to two workers (--dist loadfile) in collection order
+# (--no-loadscope-reorder: xdist would otherwise order them by their number of tests). A long file
+# taken last leaves the other worker idle until it ends; taken first, the short files fill in around
+# it. tests/file_seconds.txt holds each file's seconds from a timed run (LLMC_TEST_TIMES, below); a
+# file not listed counts as DEFAULT_FILE_SECONDS. Regenerate it after a full timed run with:
+#   awk -F'\t' '{split($3, a, "::"); s[a[1]] += $1} END {for (f in s) printf "%.0f %s\n", s[f], f}' TIMES | sort -rn
+FILE_SECONDS = os.path.join(os.path.dirname(__file__), "file_seconds.txt")
+DEFAULT_FILE_SECONDS = 30.0
+
+
+def _slowest_files_first(items) -> None:
+    seconds = {}
+    try:
+        with open(FILE_SECONDS) as f:
+            for line in f:
+                if line.strip() and not line.startswith("#"):
+                    value, path = line.split(None, 1)
+                    seconds[path.strip()] = float(value)
+    except OSError:
+        return
+    # stable: a file's tests keep their order, and stay together
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], DEFAULT_FILE_SECONDS))
 
 
 def _lock(mode: int) -> None:
@@ -40,10 +87,12 @@ def _lock(mode: int) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    _lock(fcntl.LOCK_EX if item.get_closest_marker("vulkan") else fcntl.LOCK_SH)
+    _lock(fcntl.LOCK_EX if item.get_closest_marker("vulkan_exclusive") else fcntl.LOCK_SH)
+    _LOCK["lazy"] = item.get_closest_marker("vulkan") is not None
     try:
         yield
     finally:
+        _LOCK["lazy"] = False
         if _LOCK["mode"] is not None:
             fcntl.flock(_LOCK["fd"], fcntl.LOCK_UN)
             _LOCK["mode"] = None
@@ -105,18 +154,25 @@ def hf_eager(model, ids, dtype: str, kwargs: dict):
         return model(ids, **kwargs)
 
 
-def vulkan_or_skip():
+_LAVAPIPE: dict = {}  # the probe's answer, once per process: (usable, why not)
+
+
+def vulkan_or_skip(lock: bool = True):
     """Skip unless Mesa's lavapipe is usable; with LLMC_REQUIRE_VULKAN set (CI installs it), fail instead.
-    The calling test then runs alone under pytest-xdist (see _lock)."""
+    The calling test then runs alone under pytest-xdist (see _lock); lock=False in a `vulkan` test that
+    compiles first: it runs alone from the first Vulkan device it opens."""
     from llmc.runtime import vulkan_probe
 
-    _lock(fcntl.LOCK_EX)
-
-    try:
-        devices, why = vulkan_probe.probe(), "no lavapipe device"
-    except vulkan_probe.VulkanUnavailable as e:
-        devices, why = [], str(e)
-    if not any("llvmpipe" in d.name for d in devices):
+    if lock:
+        _lock(fcntl.LOCK_EX)
+    if not _LAVAPIPE:
+        try:
+            devices, why = vulkan_probe.probe(), "no lavapipe device"
+        except vulkan_probe.VulkanUnavailable as e:
+            devices, why = [], str(e)
+        _LAVAPIPE["usable"], _LAVAPIPE["why"] = any("llvmpipe" in d.name for d in devices), why
+    why = _LAVAPIPE["why"]
+    if not _LAVAPIPE["usable"]:
         if os.environ.get("LLMC_REQUIRE_VULKAN"):
             pytest.fail(f"LLMC_REQUIRE_VULKAN is set but lavapipe is not usable: {why}")
         pytest.skip(f"Mesa lavapipe not available ({why}); apt-get install mesa-vulkan-drivers libvulkan1")

@@ -150,7 +150,7 @@ def _cell(model, tmp_path, target, arch, dtype):
     if target == "vulkan":
         from conftest import vulkan_or_skip
 
-        vulkan_or_skip()
+        vulkan_or_skip(lock=False)  # compiles first: exclusive from the first Vulkan device it opens (conftest)
     m, args = model
     art = _compile(model, tmp_path, target, arch, dtype)
     manifest = art.read_manifest()

@@ -196,7 +196,7 @@ def test_compiles_for_every_gpu_cell(checkpoint, tmp_path, target, arch, dtype):
 
 @pytest.fixture(scope="module")
 def vulkan_f32(checkpoint, build):
-    vulkan_or_skip()
+    vulkan_or_skip(lock=False)  # compiles first: exclusive from the first Vulkan device it opens (conftest)
     return build(checkpoint, "vulkan", None, "f32")
 
 
@@ -234,7 +234,7 @@ def test_runtime_refuses_a_module_built_for_another_subgroup_size(checkpoint, bu
     """ampere is subgroup 32, lavapipe 8: IREE would run it with no error and wrong results. The same
     module is read like a compile-only cell first: IREE names its NVIDIA-type Vulkan targets by the SM
     they stand for (sm_80)."""
-    vulkan_or_skip()
+    vulkan_or_skip(lock=False)  # compiles first: exclusive from the first Vulkan device it opens (conftest)
     art = build(checkpoint, "vulkan", "ampere", "f32")
     _check_built(checkpoint, art, "vulkan", "ampere", "f32")
     with pytest.raises(RuntimeLoadError, match="subgroup size 32.*has subgroup size 8, and IREE would run the module with wrong results"):

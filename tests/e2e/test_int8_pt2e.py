@@ -68,7 +68,7 @@ CELLS = [pytest.param(n, s, t, marks=[pytest.mark.slow] if t == "vulkan" and (n,
 @pytest.mark.parametrize("name,scheme,target", CELLS)
 def test_pt2e_program_matches_eager(programs, name, scheme, target, tmp_path):
     if target == "vulkan":
-        vulkan_or_skip()
+        vulkan_or_skip(lock=False)  # compiles first: exclusive from the first Vulkan device it opens (conftest)
     path, converted, float_bytes, batch = programs[name, scheme]
     # In process: `llmc compile` is this call behind the CLI (its exit codes: the refusal tests below).
     llmc.compile(path, target=target, output=tmp_path / "q.vmfb")

@@ -143,7 +143,7 @@ def test_buckets_refused_with_tensor_parallel_and_for_plain_models(setup, tmp_pa
 
 def test_vulkan_f32_bucket_matches_transformers_on_lavapipe(setup, tmp_path):
     """SPIR-V gets no buckets by default; asked for in f32 they compile and run right (lavapipe)."""
-    vulkan_or_skip()
+    vulkan_or_skip(lock=False)  # compiles first: exclusive from the first Vulkan device it opens (conftest)
     root, config, hf, _ = setup
     assert llmc.compile(root / "hf", target="vulkan", output=tmp_path / "auto.vmfb", max_seq_len=MAX_SEQ).read_manifest()["llm"]["prefill_buckets"] == []
     art = llmc.compile(root / "hf", target="vulkan", output=tmp_path / "v.vmfb", max_seq_len=MAX_SEQ, prefill_buckets=(64,))

@@ -19,6 +19,8 @@ import pytest
 from llmc.runtime import vulkan_probe
 from llmc.runtime.vulkan_probe import VulkanDevice, VulkanUnavailable, probe
 
+pytestmark = pytest.mark.vulkan_exclusive  # vulkaninfo runs in a child process (conftest: the lock)
+
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_TYPES = {
     "PHYSICAL_DEVICE_TYPE_OTHER": 0,

@@ -121,7 +121,7 @@ def test_ci_runs_the_matrix_and_writes_reports(tmp_path, tiny_pt2):
     assert "2 passed, 2 skipped" in proc.stdout
 
 
-@pytest.mark.vulkan  # its vulkan cell runs on lavapipe when it is installed
+@pytest.mark.vulkan_exclusive  # its vulkan cell runs on lavapipe, in the child process the script starts
 def test_ci_runs_the_vulkan_cells_on_lavapipe(tmp_path, tiny_pt2):
     from llmc.runtime.device import usable_devices
 
