@@ -59,12 +59,17 @@ ALL_CELLS = [
 ]
 
 
+def _write_tiny(tmp_path_factory, dtype: str):
+    """The tiny Llama's HF checkpoint in `dtype` (seed 3): (its folder, its config)."""
+    root = tmp_path_factory.mktemp(f"gpu_{dtype}")
+    config = get_config("tiny")
+    write_checkpoint(config, "hf", root / "hf", dtype=dtype, seed=3)
+    return root / "hf", config
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu")
-    config = get_config("tiny")
-    write_checkpoint(config, "hf", root / "hf", dtype="f32", seed=3)
-    return root / "hf", config
+    return _write_tiny(tmp_path_factory, "f32")
 
 
 def _irpa_sizes(path) -> dict[str, int]:
@@ -92,10 +97,7 @@ def linear_names(checkpoint) -> set[str]:
 
 @pytest.fixture(scope="module")
 def checkpoint_bf16(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu_bf16")
-    config = get_config("tiny")
-    write_checkpoint(config, "hf", root / "hf", dtype="bf16", seed=3)
-    return root / "hf", config
+    return _write_tiny(tmp_path_factory, "bf16")
 
 
 def _compile(checkpoint, tmp_path, target, arch, dtype):

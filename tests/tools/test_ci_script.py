@@ -82,14 +82,20 @@ def tiny_pt2(tmp_path_factory) -> Path:
     return path
 
 
+def _run_matrix(tmp_path, tiny_pt2, targets: str):
+    """The CI script on tiny.pt2 for `targets` x f32,fp8 (fp8 planned: skipped), in tmp_path: (the
+    finished process, the reports folder)."""
+    (tmp_path / "tiny.pt2").symlink_to(tiny_pt2)
+    proc = run_ci("tiny.pt2", "--targets", targets, "--dtypes", "f32,fp8", "--reports", "rep", "--out", "arts", cwd=tmp_path,
+                  env=llmc_with_fp8_planned(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, tmp_path / "rep"
+
+
 def test_ci_runs_the_matrix_and_writes_reports(tmp_path, tiny_pt2):
     """cpu and hip (the vulkan cells are test_ci_runs_the_vulkan_cells_on_lavapipe's: a test on lavapipe
     runs alone under pytest-xdist, so the cells that need no Vulkan driver run beside other tests)."""
-    (tmp_path / "tiny.pt2").symlink_to(tiny_pt2)
-    proc = run_ci("tiny.pt2", "--targets", "cpu,hip", "--dtypes", "f32,fp8", "--reports", "rep", "--out", "arts", cwd=tmp_path,
-                  env=llmc_with_fp8_planned(tmp_path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rep = tmp_path / "rep"
+    proc, rep = _run_matrix(tmp_path, tiny_pt2, "cpu,hip")
 
     # cpu/f32 runs here: compiled, then compared by llmc diff, which wrote both reports.
     assert (tmp_path / "arts" / "tiny-cpu-f32" / "tiny.vmfb").stat().st_size > 0
@@ -125,11 +131,7 @@ def test_ci_runs_the_matrix_and_writes_reports(tmp_path, tiny_pt2):
 def test_ci_runs_the_vulkan_cells_on_lavapipe(tmp_path, tiny_pt2):
     from llmc.runtime.device import usable_devices
 
-    (tmp_path / "tiny.pt2").symlink_to(tiny_pt2)
-    proc = run_ci("tiny.pt2", "--targets", "vulkan", "--dtypes", "f32,fp8", "--reports", "rep", "--out", "arts", cwd=tmp_path,
-                  env=llmc_with_fp8_planned(tmp_path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rep = tmp_path / "rep"
+    proc, rep = _run_matrix(tmp_path, tiny_pt2, "vulkan")
 
     # vulkan runs where a Vulkan driver is (lavapipe in CI): diffed like cpu; else compile only.
     assert (tmp_path / "arts" / "tiny-vulkan-f32" / "tiny.vmfb").stat().st_size > 0
