@@ -1,5 +1,8 @@
 """The `llmc` CLI on bad input: one `llmc: error:` line naming the file or flag, exit 2, no traceback,
-no files left behind. Runs the real CLI as a subprocess (what a user or a CI script sees).
+no files left behind. The list of error cases runs `llmc` in this process (`llmc_here`: a subprocess
+is a Python importing torch, 3-10 s each); what only the real process shows runs as a subprocess, what
+a user or a CI script sees (`run_cli`): torch's warnings on a bad archive, argparse's usage line,
+--debug's traceback, and the compile/info/diff round trip.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import llmc_in_process
 
 from llmc.models import zoo
 
@@ -67,6 +71,14 @@ def work(tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def llmc_here(work, monkeypatch):
+    """`llmc ARGS` in this process (conftest.llmc_in_process) with `work` as the working folder: exit
+    code, stdout and stderr like run_cli's. An exception that escapes the CLI fails the test itself."""
+    monkeypatch.chdir(work)
+    return llmc_in_process
+
+
 # (id, argv after `llmc`, strings the error line must contain); "{model}" is model.pt2's path.
 COMPILE_BAD_FLAGS = [
     ("unknown-target", ["--target", "tpu"], ["--target", "tpu"]),
@@ -85,40 +97,40 @@ COMPILE_BAD_FLAGS = [
 
 
 @pytest.mark.parametrize("flags,names", [c[1:] for c in COMPILE_BAD_FLAGS], ids=[c[0] for c in COMPILE_BAD_FLAGS])
-def test_compile_bad_target_options(flags, names, model_dir, work):
+def test_compile_bad_target_options(flags, names, model_dir, work, llmc_here):
     before = snapshot(work, model_dir)
-    proc = run_cli("compile", model_dir / "model.pt2", "-o", work / "out" / "model.vmfb", *flags, cwd=work)
+    proc = llmc_here("compile", model_dir / "model.pt2", "-o", work / "out" / "model.vmfb", *flags)
     assert_one_line_error(proc, *names)
     assert proc.stdout == ""
     assert snapshot(work, model_dir) == before
 
 
-def test_bisect_max_seq_len_is_for_checkpoints(model_dir, work):
+def test_bisect_max_seq_len_is_for_checkpoints(model_dir, work, llmc_here):
     before = snapshot(work, model_dir)
-    proc = run_cli("bisect", model_dir / "model.pt2", "--max-seq-len", "64", "-o", work / "b", cwd=work)
+    proc = llmc_here("bisect", model_dir / "model.pt2", "--max-seq-len", "64", "-o", work / "b")
     assert_one_line_error(proc, "--max-seq-len", "Llama checkpoints")
     assert snapshot(work, model_dir) == before
 
 
-def test_compile_missing_model(model_dir, work):
+def test_compile_missing_model(model_dir, work, llmc_here):
     before = snapshot(work)
-    proc = run_cli("compile", "nope.pt2", "-o", "out/nope.vmfb", cwd=work)
+    proc = llmc_here("compile", "nope.pt2", "-o", "out/nope.vmfb")
     assert_one_line_error(proc, "nope.pt2", "no such file")
     assert snapshot(work) == before
 
 
-def test_compile_missing_model_default_output(work):
+def test_compile_missing_model_default_output(work, llmc_here):
     """Without -o the output would go to ./nope.vmfb: nothing may be written there either."""
     before = snapshot(work)
-    proc = run_cli("compile", "nope.pt2", cwd=work)
+    proc = llmc_here("compile", "nope.pt2")
     assert_one_line_error(proc, "nope.pt2")
     assert snapshot(work) == before
     assert snapshot(work) == before
 
 
-def test_compile_random_bytes_pt2(model_dir, work):
+def test_compile_random_bytes_pt2(model_dir, work, llmc_here):
     before = snapshot(work, model_dir)
-    proc = run_cli("compile", model_dir / "random.pt2", "-o", "out/random.vmfb", cwd=work)
+    proc = llmc_here("compile", model_dir / "random.pt2", "-o", "out/random.vmfb")
     assert_one_line_error(proc, "random.pt2", "not a torch.export archive")
     assert snapshot(work, model_dir) == before
 
@@ -138,50 +150,50 @@ def test_compile_zip_not_export_archive_one_line_error(model_dir, work):
     assert "warnings above" not in line
 
 
-def test_compile_output_dir_missing(model_dir, work):
+def test_compile_output_dir_missing(model_dir, work, llmc_here):
     before = snapshot(work, model_dir)
-    proc = run_cli("compile", model_dir / "model.pt2", "-o", "nodir/model.vmfb", cwd=work)
+    proc = llmc_here("compile", model_dir / "model.pt2", "-o", "nodir/model.vmfb")
     assert_one_line_error(proc, "-o", "nodir", "does not exist")
     assert not (work / "nodir").exists()
     assert snapshot(work, model_dir) == before
 
 
 @pytest.mark.parametrize("name", ["model.bin", "model.json", "model"])
-def test_compile_output_not_vmfb(name, model_dir, work):
+def test_compile_output_not_vmfb(name, model_dir, work, llmc_here):
     before = snapshot(work, model_dir)
-    proc = run_cli("compile", model_dir / "model.pt2", "-o", f"out/{name}", cwd=work)
+    proc = llmc_here("compile", model_dir / "model.pt2", "-o", f"out/{name}")
     assert_one_line_error(proc, "-o", f"out/{name}", ".vmfb")
     assert snapshot(work, model_dir) == before
 
 
-def test_compile_model_not_pt2(model_dir, work):
+def test_compile_model_not_pt2(model_dir, work, llmc_here):
     (work / "model.pth").write_bytes(b"not a checkpoint")
     before = snapshot(work)
-    proc = run_cli("compile", "model.pth", "-o", "out/model.vmfb", cwd=work)
+    proc = llmc_here("compile", "model.pth", "-o", "out/model.vmfb")
     assert_one_line_error(proc, "model.pth", "not a PyTorch checkpoint")
     assert snapshot(work) == before
 
 
-def test_info_missing_file(work):
+def test_info_missing_file(work, llmc_here):
     before = snapshot(work)
-    proc = run_cli("info", "out/missing.vmfb", cwd=work)
+    proc = llmc_here("info", "out/missing.vmfb")
     assert_one_line_error(proc, "missing.vmfb", "no such file")
     assert proc.stdout == ""
     assert snapshot(work) == before
 
 
-def test_diff_missing_artifact(model_dir, work):
+def test_diff_missing_artifact(model_dir, work, llmc_here):
     before = snapshot(work, model_dir)
-    proc = run_cli("diff", model_dir / "model.pt2", "out/missing.vmfb", cwd=work)
+    proc = llmc_here("diff", model_dir / "model.pt2", "out/missing.vmfb")
     assert_one_line_error(proc, "missing.vmfb", "no such file")
     assert "PASS" not in proc.stdout
     assert snapshot(work, model_dir) == before
 
 
-def test_diff_missing_model(work):
+def test_diff_missing_model(work, llmc_here):
     (work / "out" / "model.vmfb").write_bytes(b"")  # exists; the .pt2 is what's missing
     before = snapshot(work)
-    proc = run_cli("diff", "gone.pt2", "out/model.vmfb", cwd=work)
+    proc = llmc_here("diff", "gone.pt2", "out/model.vmfb")
     assert_one_line_error(proc, "gone.pt2", "no such file")
     assert snapshot(work) == before
 
