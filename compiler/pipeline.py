@@ -147,6 +147,11 @@ class Dumper:
         (self.folder / f"{self.n:02d}-{step}{suffix}").write_text(text_fn())
         self.n += 1
 
+    @staticmethod
+    def last_mlir(folder: Path) -> Path:
+        """The highest-numbered .mlir a --dump-ir folder holds: the IR iree-compile was given."""
+        return max(Path(folder).glob("*.mlir"), key=lambda p: int(p.name.split("-", 1)[0]))
+
 
 def _refusal(p, e: Exception) -> PassError:
     return PassError(f"pass {p.name}: {e}")

@@ -110,24 +110,30 @@ def pytest_runtest_logreport(report):
             f.write(f"{report.duration:.2f}\t{report.when}\t{report.nodeid}\n")
 
 
-def llmc_in_process(*args):
-    """`llmc ARGS` run in this process (llmc.compiler.cli.main): exit code, stdout and stderr as a
-    subprocess.CompletedProcess. For lists of error cases, where starting a Python with torch for each
-    one would cost seconds apiece; the tests that check the real process (tracebacks, pipes, exit codes
-    from the interpreter) keep using subprocesses."""
+def main_in_process(main, *args):
+    """`main(ARGS)` of a command-line entry point (llmc's cli.main, a tool's main) run in this process:
+    exit code, stdout and stderr as a subprocess.CompletedProcess. For lists of error cases and for
+    tools whose own children do the work, where starting a Python with torch would cost seconds; the
+    tests that check the real process (tracebacks, pipes, exit codes from the interpreter) keep using
+    subprocesses."""
     import contextlib
     import io
     import subprocess
 
-    from llmc.compiler import cli
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = cli.main([str(a) for a in args])
+            code = main([str(a) for a in args])
         except SystemExit as e:  # argparse's own usage errors
             code = e.code if isinstance(e.code, int) else 2
-    return subprocess.CompletedProcess(["llmc", *map(str, args)], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess([getattr(main, "__module__", "main"), *map(str, args)], code, out.getvalue(), err.getvalue())
+
+
+def llmc_in_process(*args):
+    """`llmc ARGS` run in this process (llmc.compiler.cli.main): main_in_process."""
+    from llmc.compiler import cli
+
+    return main_in_process(cli.main, *args)
 
 
 PROGRESS = re.compile(r"^llmc: .+ (\.\.\. .*\d+\.\ds|(done|failed) after \d+\.\ds)$")

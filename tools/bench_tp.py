@@ -71,6 +71,7 @@ def parse(argv=None) -> argparse.Namespace:
 def build(args, n: int, source: Path) -> dict:
     """`llmc compile --tensor-parallel n` in a child: the artifact, wall seconds, peak RSS, placement."""
     from llmc.compiler import placement
+    from llmc.compiler.pipeline import Dumper
 
     out = args.out / f"tp{n}"
     vmfb = out / "model.vmfb"
@@ -97,7 +98,7 @@ def build(args, n: int, source: Path) -> dict:
     manifest = json.loads(vmfb.with_suffix(".json").read_text())
     rec["irpa_bytes"] = vmfb.with_suffix(".irpa").stat().st_size
     rec["executables_created"] = placement.executables_created(vmfb)
-    final = max((out / "ir").glob("*.mlir"), key=lambda p: int(p.name.split("-", 1)[0]))  # the last IR pass's output
+    final = Dumper.last_mlir(out / "ir")
     print(f"bench_tp: reading the placement of --tensor-parallel {n} (iree-compile --compile-to=stream) ...", file=sys.stderr, flush=True)
     loads = placement.parameter_loads(placement.stream_ir(final.read_text(), manifest["iree_flags"]))
     rec["device_param_bytes"] = {str(d): sum(keys.values()) for d, keys in sorted(loads.items())}
@@ -142,8 +143,9 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reference_tokens(args, name: str, prompt: list[int], threads: int) -> list[int]:
-    """N = 1's greedy tokens from the earlier report --tokens-from, which must have run the same case."""
+def reference_tokens(args, name: str, prompt: list[int]) -> dict[int, list[int]]:
+    """N = 1's greedy tokens from the earlier report --tokens-from, which must have run the same case:
+    for each of --threads, that thread count's run, else the report's first."""
     try:
         old = json.loads(args.tokens_from.read_text())
     except (OSError, ValueError) as e:
@@ -154,7 +156,7 @@ def reference_tokens(args, name: str, prompt: list[int], threads: int) -> list[i
     if not same or not runs:
         raise SystemExit(f"bench_tp: --tokens-from {args.tokens_from}: not a report of N = 1 on {name}, --dtype {args.dtype}, "
                          f"the same prompt and --decode {args.decode}; run this bench with --tp 1 first")
-    return next((r for r in runs if r["threads"] == threads), runs[0])["tokens"]
+    return {t: next((r for r in runs if r["threads"] == t), runs[0])["tokens"] for t in args.threads}
 
 
 def main(argv=None) -> int:
@@ -180,7 +182,7 @@ def main(argv=None) -> int:
     args.max_seq_len = args.max_seq_len or args.prompt + args.decode + 8
     prompt = torch.randint(0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
     # --tokens-from is checked before the builds: a report of another case fails in seconds, not after them
-    refs = {t: reference_tokens(args, name, prompt, t) for t in args.threads} if args.tokens_from and args.target == "cpu" else None
+    refs = reference_tokens(args, name, prompt) if args.tokens_from and args.target == "cpu" else None
     builds = [build(args, n, source) for n in args.tp]
     runs = []
     if args.target == "cpu":

@@ -14,6 +14,7 @@ import torch
 
 import llmc
 from llmc.compiler import llm, placement
+from llmc.compiler.pipeline import Dumper
 from llmc.models.llama import tensor_parallel as tpm
 from llmc.models.llama.config import CONFIGS, LlamaConfig
 from llmc.models.llama.model import init_random
@@ -82,7 +83,7 @@ def tp2_stream(tp2_f32):
     own flags; and the names of the parameters in its .irpa."""
     import iree.runtime as rt
 
-    final = max((tp2_f32.vmfb.parent / "ir").glob("*.mlir"), key=lambda p: int(p.name.split("-", 1)[0]))
+    final = Dumper.last_mlir(tp2_f32.vmfb.parent / "ir")
     index = rt.ParameterIndex()
     index.load(str(tp2_f32.params))
     return placement.stream_ir(final.read_text(), tp2_f32.read_manifest()["iree_flags"]), {k for k, _ in index.items()}

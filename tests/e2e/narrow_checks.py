@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from llmc.compiler import targets, ukernels
+from llmc.compiler.pipeline import Dumper
 from llmc.models.llama.config import get_config
 
 # the element type a packed weight of each dtype is stored in (bf16 as its bits)
@@ -47,7 +48,7 @@ def decode_calls(flow_ir: str) -> list[tuple[str, list[tuple[str, str]], list[tu
 def check_decode_reads(ir_dir, flow_ir: str, dtype: str, kernels: bool, n_layers: int = CONFIG.n_layers) -> None:
     """Every packed linear weight of @decode is read, narrow, by the dispatch that multiplies by it:
     llmc's kernel (kernels) or IREE's fused `matvec_like` (no kernels), never widened first."""
-    final = sorted(ir_dir.glob("*.mlir"))[-1]  # what iree-compile was given
+    final = Dumper.last_mlir(ir_dir)  # what iree-compile was given
     assert ("cpu-kernels" in final.name) == kernels
     calls = decode_calls(flow_ir)
     assert calls, "no dispatch calls found in @decode"

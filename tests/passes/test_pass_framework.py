@@ -108,3 +108,11 @@ def test_duplicate_name_is_refused():
 def test_unknown_pass_name():
     with pytest.raises(PassError, match="unknown pass 'nope'"):
         pipeline.build(targets.resolve("cpu", None, "f32"), only=["nope"])
+
+
+def test_last_mlir_is_the_highest_numbered_not_the_last_name(tmp_path):
+    """Dumper.last_mlir (the IR iree-compile was given, read by tools/bench_tp.py and tests): past 99
+    steps a name sort would pick 99-… over 100-…; .txt (FX) dumps are not IR."""
+    for name in ("00-import.mlir", "10-a.mlir", "99-b.mlir", "100-c.mlir", "101-prefill-export.txt"):
+        (tmp_path / name).write_text("")
+    assert pipeline.Dumper.last_mlir(tmp_path).name == "100-c.mlir"

@@ -7,13 +7,12 @@ run, `--prefill-buckets 8 --kernels off --keep`, reuses the first's build withou
 the bucket build without them (the names of both options together). One run with both options would
 compile their cross product, four builds."""
 
-import contextlib
-import io
 import json
 import statistics
 from pathlib import Path
 
 import pytest
+from conftest import main_in_process
 
 COMMON = ["--config", "tiny", "--dtypes", "fp8", "--threads", "1", "--prompt", "8", "--decode", "4", "--reps", "1"]
 
@@ -23,11 +22,9 @@ def _bench(out: Path, *extra: str):
     costs ~6 s), its worker a process of its own as always: (out, report, stdout)."""
     from llmc.tools import bench
 
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        code = bench.main([*COMMON, "--out", str(out), *extra])
-    assert code == 0, stdout.getvalue()[-2000:]
-    return out, json.loads((out / "bench.json").read_text()), stdout.getvalue()
+    r = main_in_process(bench.main, *COMMON, "--out", out, *extra)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return out, json.loads((out / "bench.json").read_text()), r.stdout
 
 
 @pytest.fixture(scope="module")

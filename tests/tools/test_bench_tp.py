@@ -6,14 +6,13 @@ Two runs, one build each (N = 1, then N = 2 against a copy of the first's report
 changed): the N = 2 run's own tokens equal N = 1's, and its count against the reference shows it
 counted against the file, not against itself."""
 
-import contextlib
-import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import main_in_process
 
 COMMON = ["--config", "tiny", "--threads", "1", "--prompt", "6", "--decode", "4", "--reps", "1", "--warmup", "0"]
 
@@ -23,10 +22,9 @@ def _bench(out: Path, *extra: str) -> str:
     processes of their own as always. Its stdout."""
     from llmc.tools import bench_tp
 
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        assert bench_tp.main([*COMMON, "--out", str(out), *extra]) == 0
-    return stdout.getvalue()
+    r = main_in_process(bench_tp.main, *COMMON, "--out", out, *extra)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return r.stdout
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +73,15 @@ def test_report_of_another_case_is_refused(reports):
     one, r1, _, _, _ = reports
     ref = str(one / "bench_tp.json")
     same = bench_tp.parse([*COMMON, "--tp", "2", "--tokens-from", ref])
-    assert bench_tp.reference_tokens(same, "tiny", r1["prompt_ids"], 1) == r1["runs"][0]["tokens"]
+    assert bench_tp.reference_tokens(same, "tiny", r1["prompt_ids"]) == {1: r1["runs"][0]["tokens"]}
     other = bench_tp.parse([*COMMON[:-6], "--decode", "5", "--reps", "1", "--warmup", "0", "--tp", "2", "--tokens-from", ref])
     with pytest.raises(SystemExit) as e:
-        bench_tp.reference_tokens(other, "tiny", r1["prompt_ids"], 1)
+        bench_tp.reference_tokens(other, "tiny", r1["prompt_ids"])
     assert isinstance(e.value.code, str)
     assert "--tokens-from" in e.value.code and "not a report of N = 1" in e.value.code and "--decode 5" in e.value.code
     for name, prompt in (("tiny-llama3", r1["prompt_ids"]), ("tiny", r1["prompt_ids"][::-1])):  # another model, another prompt
         with pytest.raises(SystemExit, match="not a report of N = 1"):
-            bench_tp.reference_tokens(same, name, prompt, 1)
+            bench_tp.reference_tokens(same, name, prompt)
 
 
 @pytest.mark.parametrize("case", ["other-decode", "not-a-report"])
