@@ -19,6 +19,7 @@ for a compile-only cell also serves the refusal tests, and the CLI runs in this 
 (conftest.llmc_in_process) where the test is about what llmc says, not about the interpreter.
 """
 
+import functools
 import json
 import math
 
@@ -109,15 +110,10 @@ def _compile(checkpoint, tmp_path, target, arch, dtype):
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     """build(checkpoint, target, arch, dtype): compiled once per module, whichever test asks first."""
-    root, done = tmp_path_factory.mktemp("builds"), {}
 
+    @functools.cache  # checkpoint: (folder, config), both hashable
     def get(checkpoint, target, arch, dtype):
-        key = (str(checkpoint[0]), target, arch, dtype)
-        if key not in done:
-            folder = root / str(len(done))
-            folder.mkdir()
-            done[key] = _compile(checkpoint, folder, target, arch, dtype)
-        return done[key]
+        return _compile(checkpoint, tmp_path_factory.mktemp("build"), target, arch, dtype)
 
     return get
 

@@ -17,6 +17,7 @@ Each (model, dtype) is compiled once per module (the `compiled` fixture): the wr
 the Llama f32 module test_hf_causal_lm_matches_eager built.
 """
 
+import functools
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -75,14 +76,12 @@ def eager_logits(model, ids, dtype):
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """compiled(arch, dtype) -> (model, artifact): BUILDERS[arch]() (seed 0) compiled once per module."""
-    root, done = tmp_path_factory.mktemp("hf"), {}
+    root = tmp_path_factory.mktemp("hf")
 
+    @functools.cache
     def get(arch, dtype):
-        if (arch, dtype) not in done:
-            model = BUILDERS[arch]()
-            art = llmc.compile(model, (input_ids(),), dtype=dtype, example_kwargs=KWARGS, output=root / f"{arch}_{dtype}.vmfb")
-            done[arch, dtype] = model, art
-        return done[arch, dtype]
+        model = BUILDERS[arch]()
+        return model, llmc.compile(model, (input_ids(),), dtype=dtype, example_kwargs=KWARGS, output=root / f"{arch}_{dtype}.vmfb")
 
     return get
 

@@ -7,6 +7,8 @@ Each (model, dtype) is compiled once per module (the `compiled` fixture): the dy
 and the wrong-model test read the f32 modules test_zoo_matches_eager built.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -29,14 +31,12 @@ def eager(model, args, dtype):
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """compiled(name, dtype) -> (model, args, artifact): zoo.build(name) (seed 0) compiled once per module."""
-    root, done = tmp_path_factory.mktemp("zoo"), {}
+    root = tmp_path_factory.mktemp("zoo")
 
+    @functools.cache
     def get(name, dtype):
-        if (name, dtype) not in done:
-            model, args, dynamic = zoo.build(name)
-            art = llmc.compile(model, args, dtype=dtype, dynamic_shapes=dynamic, output=root / f"{name}_{dtype}.vmfb")
-            done[name, dtype] = model, args, art
-        return done[name, dtype]
+        model, args, dynamic = zoo.build(name)
+        return model, args, llmc.compile(model, args, dtype=dtype, dynamic_shapes=dynamic, output=root / f"{name}_{dtype}.vmfb")
 
     return get
 

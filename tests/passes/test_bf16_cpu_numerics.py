@@ -8,6 +8,8 @@ with fp8 tables compiles for hip (the output is renamed with the node it becomes
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -77,13 +79,12 @@ def llama_bf16(tmp_path_factory):
     from llmc.models.llama.config import get_config
     from llmc.models.llama.model import init_random
 
-    root, done = tmp_path_factory.mktemp("llama_bf16"), {}
+    root = tmp_path_factory.mktemp("llama_bf16")
 
+    @functools.cache
     def get(source):
-        if source not in done:
-            out = root / f"{str(source).split('.')[-1]}.vmfb"
-            done[source] = llmc.compile(init_random(get_config("tiny"), seed=2, dtype=source), output=out, dtype="bf16", max_seq_len=32, quiet=True)
-        return done[source]
+        out = root / f"{str(source).split('.')[-1]}.vmfb"
+        return llmc.compile(init_random(get_config("tiny"), seed=2, dtype=source), output=out, dtype="bf16", max_seq_len=32, quiet=True)
 
     return get
 
