@@ -45,6 +45,7 @@ def compile_model(
     tensor_parallel: int = 1,
     prefill_buckets="auto",
     static_decode: str = "auto",
+    prefill_chunk="auto",
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
 
@@ -78,6 +79,10 @@ def compile_model(
     max_seq_len; none on cpu, vulkan and xpu), "none", a list such as (128, 512), or the CLI's text "128,512".
     static_decode (Llama checkpoints): "on" adds `decode_static`, a decode step with every shape fixed
     that generate() uses for its steps, "off" leaves it out, "auto" picks per target (compiler/llm.py).
+    prefill_chunk (Llama checkpoints, cpu): C adds `prefill_chunk`, C prompt tokens after the cached ones
+    with C fixed (every matmul a static M, as in a bucket) and no padding: generate() prefills the first
+    P mod C tokens of a P-token prompt with the dynamic prefill and the rest C at a time. "auto" (the
+    default): 64 on cpu when max_seq_len holds two chunks, else none; "none" or 0: none.
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,
@@ -86,11 +91,12 @@ def compile_model(
         quant_exclude=_patterns(quant_exclude), quant_embeddings=quant_embeddings,
         fp8_exclude=_patterns(fp8_exclude), fp8_scales=fp8_scales, fp8_embeddings=fp8_embeddings,
         cpu_dispatch=cpu_dispatch, int8_math=int8_math, tensor_parallel=tensor_parallel, prefill_buckets=prefill_buckets,
-        static_decode=static_decode,
+        static_decode=static_decode, prefill_chunk=prefill_chunk,
     )
     opts.resolve()  # bad target, dtype or quantization options fail before anything is loaded
     buckets = targets.parse_buckets(prefill_buckets)  # so does a malformed --prefill-buckets
     targets.check_static_decode(static_decode)
+    chunk = targets.parse_chunk(prefill_chunk)
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
         raise UsageError(f"{model}: no such file or directory")
     from llmc.compiler import llm
@@ -108,6 +114,8 @@ def compile_model(
         raise UsageError(f"--prefill-buckets applies to Llama checkpoints; {what} is not one")
     if static_decode != "auto":
         raise UsageError(f"--static-decode applies to Llama checkpoints; {what} is not one")
+    if chunk != "auto":
+        raise UsageError(f"--prefill-chunk applies to Llama checkpoints; {what} is not one")
     return compile_program(model, tuple(example_args), example_kwargs, dynamic_shapes, opts)
 
 

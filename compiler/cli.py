@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Llama checkpoints: prompt sizes with a prefill entry point of their own, the length fixed and the "
                         "prompt padded to it (static shapes: much faster matmuls on GPUs); auto (the default): 128,512,2048 "
                         "up to --max-seq-len on hip and cuda, none on cpu, vulkan and xpu")
+    c.add_argument("--prefill-chunk", default="auto", metavar="auto|none|N",
+                   help="Llama checkpoints on cpu: an entry point taking N prompt tokens after the cached ones (N fixed: "
+                        "static-shape matmuls, no padding); a prompt of P >= N tokens is prefilled P mod N tokens by the "
+                        "dynamic prefill, then N at a time; auto (the default): 64 on cpu when --max-seq-len holds two "
+                        "chunks, else none")
     c.add_argument("--static-decode", choices=("auto", "on", "off"), default="auto",
                    help="Llama checkpoints: also export a decode step with every shape fixed (attention over the whole "
                         "cache, masked), which a GPU runtime can record once and replay; auto (the default): "
@@ -198,6 +203,7 @@ def cmd_compile(args) -> int:
     # Cheap checks first: a wrong flag or path answers before torch is imported (compile_model checks again).
     targets.resolve(args.target, args.arch, args.dtype, extra_flags=tuple(args.iree_flag), cpu_dispatch=args.cpu_dispatch)
     targets.parse_buckets(args.prefill_buckets)
+    targets.parse_chunk(args.prefill_chunk)
     if not Path(args.model).exists():
         raise UsageError(f"{args.model}: no such file or directory")
     from llmc.compiler.api import compile_model
@@ -219,6 +225,7 @@ def cmd_compile(args) -> int:
         tensor_parallel=args.tensor_parallel,
         prefill_buckets=args.prefill_buckets,
         static_decode=args.static_decode,
+        prefill_chunk=args.prefill_chunk,
     )
     # compile_model validates the path, target and output before any work; Llama checkpoints
     # (Meta .pth + params.json, HF folders) become a prefill + decode module (compiler/llm.py).
@@ -340,6 +347,10 @@ def cmd_info(args) -> int:
             fill = m["llm"].get("prefill_bucket_min_fill", 0.0)
             print(f"prefill:  buckets {', '.join(str(b['tokens']) for b in buckets)} tokens (static-shape entry points; a prompt pads "
                   f"to the smallest that holds it{f' and is at least {fill:.0%} full' if fill else ''}), else the dynamic prefill")
+        chunk = m["llm"].get("prefill_chunk")
+        if chunk:
+            print(f"prefill:  chunks of {chunk['tokens']} tokens ({chunk['function']}: static-shape matmuls after the cached "
+                  f"positions) for a prompt of {chunk['tokens']} tokens or more, its first P mod {chunk['tokens']} by the dynamic prefill")
         if m["llm"].get("decode_static"):
             print(f"decode:   {m['llm']['decode_static']['function']} for every step (static shapes: the position an input, "
                   "attention over the whole cache masked past it)")

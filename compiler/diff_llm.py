@@ -120,6 +120,18 @@ def run(o, overrides: dict):
             padded[:, :seq] = prompt
             got_b = getattr(mod, b["function"])(padded, torch.tensor([seq]), *module_cache(manifest))
             results.append(diff_metrics.compare(f"{b['function']}.logits", got_b[0], prefill_ref, tol, logits=True, top_k=o.top_k))
+        # The prefill chunk (--prefill-chunk), which generate() runs for long prompts: C new tokens after `head`
+        # positions that eager's prefill put in the cache, against eager's prefill of all head + C at once.
+        chunk = manifest["llm"].get("prefill_chunk")
+        if chunk:
+            c = int(chunk["tokens"])
+            head = min(seq, max_len - c)
+            ids = torch.randint(0, cfg.vocab_size, (1, head + c), generator=torch.Generator().manual_seed(o.seed + 1))
+            with torch.no_grad():
+                before = LlamaPrefill(llama)(ids[:, :head], *new_cache(cfg, max_len, tdt))[1:]
+                whole = LlamaPrefill(llama)(ids, *new_cache(cfg, max_len, tdt))[0]
+            got_c = getattr(mod, chunk["function"])(ids[:, head:], torch.ones(1, head + c, dtype=torch.int64), *(t.to(cache_tdt) for t in before))
+            results.append(diff_metrics.compare(f"{chunk['function']}.logits", got_c[0], whole, tol, logits=True, top_k=o.top_k))
         seconds = time.perf_counter() - start
         located = {}
         if (o.per_layer or o.per_layer_depth is not None) and manifest["llm"].get("tensor_parallel"):

@@ -11,7 +11,13 @@ head_dim] in the compute dtype. Prefill buckets (--prefill-buckets; by default o
 for fixed sizes B: the prompt padded at the end to B, every matmul with a static M. generate()
 takes the smallest bucket that holds the prompt (and that it fills enough: `min_fill`), else the
 dynamic prefill. Measured on an H200 (docs/targets.md): a 128-token prefill 12.6x faster on a
-1B Llama, 3.3x on the 125M one; on a 2-core EPYC 1.24x (1 thread) and 1.34x (2 threads).
+1B Llama, 3.3x on the 125M one; on a 2-core EPYC 1.24x (1 thread) and 1.34x (2 threads). A prefill
+chunk (--prefill-chunk; by default 64 on cpu when the cache holds two) adds
+
+    prefill_chunk(tokens[1, C], attention_mask[1, L], k0, v0, ...) -> (logits of position L - 1, k0', v0', ...)
+
+C new tokens after L - C cached ones, C fixed: generate() runs a long prompt's first P mod C tokens
+through the dynamic prefill and the rest C at a time, static-M matmuls without padding.
 
 All functions are exported from the same (converted) model, so the weights are one set of
 parameters in the .irpa. Every returned cache is tied to its input
@@ -38,11 +44,11 @@ import torch
 from llmc import dtypes
 from llmc.compiler import artifacts, export, lower
 from llmc.compiler.progress import Phases
-from llmc.compiler.targets import check_static_decode, parse_buckets
+from llmc.compiler.targets import check_static_decode, parse_buckets, parse_chunk
 from llmc.errors import ExportError, UsageError
 from llmc.models.llama.config import LlamaConfig
 from llmc.models.llama import tensor_parallel as tensor_parallel_llama
-from llmc.models.llama.model import Llama, LlamaDecode, LlamaDecodeStatic, LlamaPrefill, LlamaPrefillBucket, new_cache
+from llmc.models.llama.model import Llama, LlamaDecode, LlamaDecodeStatic, LlamaPrefill, LlamaPrefillBucket, LlamaPrefillChunk, new_cache
 
 DEFAULT_MAX_SEQ_LEN = 4096
 
@@ -85,6 +91,38 @@ def resolve_buckets(spec, target, max_seq_len: int, tensor_parallel: int) -> tup
     if too_long:
         raise UsageError(f"--prefill-buckets: {', '.join(map(str, too_long))} exceed the KV cache (--max-seq-len {max_seq_len}); "
                          "give sizes up to it or raise --max-seq-len")
+    return spec
+
+
+# --prefill-chunk auto: on cpu, the chunk a prompt of at least this many tokens is prefilled in (all
+# but its first P mod C tokens), when the cache holds at least two chunks. docs/targets.md: small-125m
+# f32 on this project's EPYC, prefill of a 128-token prompt at a static M vs the dynamic one.
+CPU_PREFILL_CHUNK = 64
+
+
+def resolve_chunk(spec, target, max_seq_len: int, tensor_parallel: int) -> int:
+    """The prefill chunk's size for --prefill-chunk `spec` (anything targets.parse_chunk takes) on this
+    target; 0: none."""
+    spec = parse_chunk(spec)
+    fusion = [f.partition("=")[2] or "true" for f in target.iree_flags if f.startswith("--iree-dispatch-creation-enable-aggressive-fusion")]
+    fused = bool(fusion) and fusion[-1].lower() in ("true", "1")
+    if spec == "auto":
+        ok = target.name == "cpu" and tensor_parallel == 1 and not fused and max_seq_len >= 2 * CPU_PREFILL_CHUNK
+        return CPU_PREFILL_CHUNK if ok else 0
+    if not spec:
+        return 0
+    if target.name != "cpu":
+        raise UsageError(f"--prefill-chunk: cpu only for now ({target.name} prefills through --prefill-buckets, whose static "
+                         "shapes GPUs need); leave it out")
+    if tensor_parallel > 1:
+        raise UsageError("--prefill-chunk: not available with --tensor-parallel yet; leave it out")
+    if fused:
+        # the same IREE 3.13 failure as a bucket's (resolve_buckets): a static-length prefill with aggressive fusion
+        raise UsageError("--prefill-chunk: not available on cpu with --iree-flag=--iree-dispatch-creation-enable-aggressive-fusion: "
+                         "IREE 3.13 fails to compile a static-length prefill with it; drop that flag or the chunk")
+    if spec >= max_seq_len:
+        raise UsageError(f"--prefill-chunk={spec}: must be less than the KV cache (--max-seq-len {max_seq_len}); "
+                         "give a smaller chunk or raise --max-seq-len")
     return spec
 
 
@@ -209,13 +247,16 @@ def _default_len(config: LlamaConfig) -> int:
 
 
 def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool | tuple = False,
-               tensor_parallel: int = 1, prefill_buckets: tuple[int, ...] = (), static_decode: bool = False) -> list[lower.Entry]:
+               tensor_parallel: int = 1, prefill_buckets: tuple[int, ...] = (), static_decode: bool = False,
+               prefill_chunk: int = 0) -> list[lower.Entry]:
     """Export prefill and decode over one converted copy of the model, as the module's entry points.
     keep_narrow_linears: see export.convert_module (fp8/int8 quantized from the checkpoint's own dtype, bf16
     weights under f32 math stored as they are). tensor_parallel: N > 1 exports the model split over N
     devices (models/llama/tensor_parallel.py), each cache shard an argument on its device. prefill_buckets:
     one more entry point per size, `prefill_<size>`, with the prompt length fixed (LlamaPrefillBucket).
-    static_decode: one more entry point, `decode_static`, a decode step with every shape fixed (LlamaDecodeStatic)."""
+    static_decode: one more entry point, `decode_static`, a decode step with every shape fixed (LlamaDecodeStatic).
+    prefill_chunk: C > 0 adds `prefill_chunk`, C tokens after the cached ones (LlamaPrefillChunk), C fixed and
+    the cached length dynamic."""
     from torch.export import Dim
 
     tdt = dtypes.compute_torch_dtype(dtype)
@@ -267,6 +308,14 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
             args = (torch.zeros(1, size, dtype=torch.int64), torch.tensor([size], dtype=torch.int64), *cache)
             ep = _export(name, LlamaPrefillBucket(llama), args, None)
             entries.append(lower.Entry(export.Exported(ep, strip_prefix=strip), name, tied=tied["decode"], logits_output=0))
+        if prefill_chunk:
+            c = prefill_chunk
+            # the mask's length is the cached positions + C; an example below max_seq_len (see LlamaDecode's slice_copy)
+            args = (torch.zeros(1, c, dtype=torch.int64), torch.ones(1, min(c + 1, max_seq_len), dtype=torch.int64), *cache)
+            dyn = (None, {1: Dim("chunk_end", min=c, max=max_seq_len)}, (None,) * n_cache)
+            ep = _export("prefill_chunk", LlamaPrefillChunk(llama), args, dyn)
+            # tokens, attention mask, then the cache: decode's argument layout, so decode's ties
+            entries.append(lower.Entry(export.Exported(ep, strip_prefix=strip), "prefill_chunk", tied=tied["decode"], logits_output=0))
         if static_decode:
             args = (torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), *cache)
             ep = _export("decode_static", LlamaDecodeStatic(llama), args, None)
@@ -343,13 +392,15 @@ def compile_llm(model, opts: lower.CompileOptions):
                 for k, v in target.pass_options))
     buckets = resolve_buckets(opts.prefill_buckets, target, max_seq_len, n)
     static = resolve_static_decode(opts.static_decode, n)
+    chunk = resolve_chunk(opts.prefill_chunk, target, max_seq_len, n)
     with phases.phase("export"):
         entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target), tensor_parallel=n,
-                             prefill_buckets=buckets, static_decode=static)
+                             prefill_buckets=buckets, static_decode=static, prefill_chunk=chunk)
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases,
                                  param_device=tensor_parallel_llama.device_of_param if n > 1 else None)
     llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem), tensor_parallel=n,
-                       prefill_buckets=buckets, min_fill=MIN_FILL["cpu" if target.name == "cpu" else "gpu"], static_decode=static)
+                       prefill_buckets=buckets, min_fill=MIN_FILL["cpu" if target.name == "cpu" else "gpu"], static_decode=static,
+                       prefill_chunk=chunk)
     if n > 1:
         llm["tensor_parallel"]["param_bytes_by_device"] = param_bytes_by_device(lowered.store, n)
     return lower.write_artifact(
@@ -369,13 +420,16 @@ def param_bytes_by_device(store, n: int) -> list[int]:
 
 
 def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: dict | None = None, tensor_parallel: int = 1,
-                 prefill_buckets: tuple[int, ...] = (), min_fill: float = 0.0, static_decode: bool = False) -> dict:
+                 prefill_buckets: tuple[int, ...] = (), min_fill: float = 0.0, static_decode: bool = False,
+                 prefill_chunk: int = 0) -> dict:
     """The manifest's `llm` section: what generate() and `llmc run` need besides the entry points.
     tokenizer: tokenizer_manifest's record, or None when the checkpoint had none. tensor_parallel: N > 1
     describes the split module: N cache shards a layer (cache_order), each on its device.
     prefill_buckets: the sizes of the prefill_<size> entry points; min_fill: the least share of one a
     prompt must fill for generate() to pad it to that bucket. static_decode: the module has decode_static
-    (LlamaDecodeStatic), which generate() then runs for every decode step."""
+    (LlamaDecodeStatic), which generate() then runs for every decode step. prefill_chunk: C > 0, the module has
+    prefill_chunk (LlamaPrefillChunk), which generate() runs for all but the first P mod C tokens of a prompt
+    of P >= C tokens that no bucket takes."""
     n = tensor_parallel
     n_cache = 2 * config.n_layers * n
     if n > 1:
@@ -410,6 +464,8 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
         "prefill_bucket_min_fill": min_fill,
         "tokenizer": tokenizer,
     }
+    if prefill_chunk:
+        out["prefill_chunk"] = {"function": "prefill_chunk", "tokens": prefill_chunk, "mask_arg": 1, "cache_args_start": 2}
     if static_decode:
         out["decode_static"] = {"function": "decode_static", "position_arg": 1, "cache_args_start": 2}
     if tp is not None:

@@ -75,6 +75,9 @@ class CompileOptions:
     # Llama checkpoints: a decode_static entry point (every shape fixed, so the GPU runtime can replay
     # a recorded step): "auto", "on" or "off" (compiler/llm.py resolve_static_decode)
     static_decode: str = "auto"
+    # Llama checkpoints: a prefill_chunk entry point (C tokens after cached ones, C fixed): "auto" (cpu: 64
+    # when the cache holds two chunks), "none", or C (compiler/llm.py resolve_chunk)
+    prefill_chunk: object = "auto"
 
     def resolve(self) -> targets.ResolvedTarget:
         if self.int8_math not in ("integer", "float"):

@@ -728,3 +728,20 @@ def parse_buckets(spec):
     if not sizes or sizes[0] < 2:
         raise UsageError(f"--prefill-buckets={spec}: each size must be at least 2 tokens")
     return sizes
+
+
+def parse_chunk(spec):
+    """--prefill-chunk: "auto", "none" (or 0), or a token count -> "auto" or an int (0 = none)."""
+    if isinstance(spec, str):
+        t = spec.strip().lower()
+        if t in ("auto", "none", ""):
+            return "auto" if t == "auto" else 0
+    if isinstance(spec, bool):
+        spec = str(spec)
+    try:
+        n = int(spec) if spec is not None else 0
+    except (TypeError, ValueError):
+        n = -1
+    if n != 0 and n < 2:
+        raise UsageError(f"--prefill-chunk={spec}: give auto, none, or a chunk size of at least 2 tokens such as 64")
+    return n

@@ -18,7 +18,11 @@ Produces, per call:
         m = max_L(scores where j <= i else -inf);  e = 2^((scores - m) * log2(e)) where j <= i else 0
         out = (e / sum_L(e)) as [B, Hk, G*S, L] @ v -> [B, Hq, S, D]
     the mask applied inside the two consumers instead of written into the scores;
-  - "general" form, for everything else (masked prefill, dropout, f16 on cpu): torch-mlir's own
+  - "masked" form, on llvm-cpu for an f32 call with a bool mask [B or 1, 1, S or 1, L] (a prefill
+    chunk after cached positions, LlamaPrefillChunk): the causal form with `keep` in place of j <= i,
+    and a row that keeps no key gives 0 (sum_L(e) clamped to the smallest normal f32), as PyTorch's
+    math SDPA does;
+  - "general" form, for everything else (float masks, dropout, f16 on cpu): torch-mlir's own
     decomposition (matmul, additive float mask, softmax, matmul), which keeps PyTorch's masking
     semantics exactly.
 Safe because: all forms compute softmax(q k^T * scale + mask) v as PyTorch defines it; the decode
@@ -119,32 +123,47 @@ def half_matmul_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
 
 
 def _causal_form_refusal(q, k, v, attn_mask, dropout_p, is_causal) -> str | None:
-    """Why the causal form does not apply to this call (None when it does)."""
-    if not is_causal:
-        return "not causal"
-    if attn_mask is not None:
-        return "a mask besides is_causal"
+    """Why the causal form does not apply to this call (None when it does): f32, and either is_causal
+    with no other mask, or a bool mask [B or 1, 1, S or 1, L] without is_causal."""
     if q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32:
         return "not f32"
+    if is_causal and attn_mask is not None:
+        return "a mask besides is_causal"
+    if not is_causal:
+        if attn_mask is None:
+            return "no mask"
+        if attn_mask.dtype != torch.bool:
+            return "a float mask"
+        if attn_mask.dim() != 4 or attn_mask.shape[1] != 1:
+            return "mask not [B or 1, 1, S or 1, L]"
     return _gqa_refusal(q, k, v, dropout_p)
 
 
 LOG2_E = 1.4426950408889634
 
 
-def causal_attention(q, k, v, scale):
-    """softmax(q k^T * scale + causal mask) v in f32, grouped-query heads folded into rows, softmax as
-    exp2 with the mask applied in the max and in the exponent (see the module docstring)."""
+def causal_attention(q, k, v, scale, keep=None):
+    """softmax(q k^T * scale + mask) v in f32, grouped-query heads folded into rows, softmax as exp2 with
+    the mask applied in the max and in the exponent (see the module docstring). keep: a bool mask
+    [B or 1, 1, S or 1, L] (True = attend); None: PyTorch's causal mask (top-left aligned)."""
     b, hq, s, d = q.shape
     hk, length, dv = k.shape[1], k.shape[2], v.shape[-1]
     g = hq // hk
     qg = (q * scale).reshape(b, hk, g * s, d)
     scores = torch.matmul(qg, k.transpose(-1, -2)).reshape(b, hk, g, s, length)
-    # PyTorch aligns the causal mask top-left: query i sees keys 0..i
-    hide = torch.arange(length, device=q.device).unsqueeze(0) > torch.arange(s, device=q.device).unsqueeze(1)
+    if keep is None:
+        # PyTorch aligns the causal mask top-left: query i sees keys 0..i
+        hide = torch.arange(length, device=q.device).unsqueeze(0) > torch.arange(s, device=q.device).unsqueeze(1)
+    else:
+        hide = keep.logical_not().unsqueeze(1)  # [B or 1, 1, 1, S or 1, L] broadcasts over the G query heads
     m = scores.masked_fill(hide, float("-inf")).amax(-1, keepdim=True)
     e = torch.exp2(((scores - m) * LOG2_E).masked_fill(hide, float("-inf")))
-    p = (e / e.sum(-1, keepdim=True)).reshape(b, hk, g * s, length)
+    total = e.sum(-1, keepdim=True)
+    if keep is not None:
+        # a row that keeps no key: every e is 0 (m = -inf is masked out of the exponent); PyTorch's math
+        # SDPA returns 0 there, and so does 0 / tiny
+        total = total.clamp_min(torch.finfo(torch.float32).tiny)
+    p = (e / total).reshape(b, hk, g * s, length)
     return torch.matmul(p, v).reshape(b, hq, s, dv)
 
 
@@ -201,9 +220,9 @@ class DecomposeAttentionPass(DecompositionPass):
                 self.rewrote_here("decode")
                 return decode_attention(q, k, v, attn_mask, scale)
             if not spirv and _causal_form_refusal(q, k, v, attn_mask, dropout_p, is_causal) is None:
-                self.rewrote_here("causal")
+                self.rewrote_here("causal" if is_causal else "masked")
                 q, scale = _static_scale(q, scale)
-                return causal_attention(q, k, v, scale)
+                return causal_attention(q, k, v, scale, None if is_causal else attn_mask)
             self.rewrote_here("general")
             if scale is None and not isinstance(q.shape[-1], int):
                 q, scale = _static_scale(q, scale)

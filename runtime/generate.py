@@ -4,7 +4,10 @@ A module compiled from a Llama (compiler/llm.py) exports `prefill(tokens, *cache
 `decode(token, attention_mask, *cache)`; each returns `(logits, *cache')` with every cache result
 tied to its input buffer. The loop here allocates the cache once on the device, passes the device
 arrays IREE returns straight into the next call (they are the same buffers, updated in place), and
-copies only the [1, 1, vocab] logits to the host. Sampling is numpy on the host.
+copies only the [1, 1, vocab] logits to the host. Sampling is numpy on the host. A prompt goes to
+a prefill bucket when one fits (`prefill_N`, padded), else in chunks when the module has
+`prefill_chunk` and the prompt is at least a chunk long (its first P mod C tokens through `prefill`),
+else to `prefill` whole (one token: a `decode` step).
 
 Each run is recorded as a `Generation` (the module keeps the last one, `Module.last_generation`):
 prompt and new ids, and the time of prefill (the prompt's forward pass and the first new token) and of
@@ -164,6 +167,24 @@ class Generator:
         on = (self.llm.get("tensor_parallel") or {}).get("cache_devices") or [0] * spec["count"]
         return [rt.asdevicearray(devices[d], zeros) for d in on]
 
+    def _chunked_prefill(self, prompt: list[int], c: int, min_tokens: int, cache) -> list:
+        """A prompt of P >= c tokens: its first P mod c tokens through the dynamic prefill (one token: a
+        decode step at position 0), then c at a time through prefill_chunk (LlamaPrefillChunk), each
+        after the positions before it; returns the last call's (logits, *cache). No padding, so no
+        position is computed twice."""
+        entry = self.module.entry_points
+        ids = np.asarray([prompt], dtype=np.int64)
+        head = len(prompt) % c
+        if head >= min_tokens:
+            cache = list(entry[self.llm["prefill"]["function"]].call_raw([ids[:, :head], *cache]))[1:]
+        elif head:
+            cache = list(entry[self.llm["decode"]["function"]].call_raw([ids[:, :head], np.ones((1, head), dtype=np.int64), *cache]))[1:]
+        step = entry[self.llm["prefill_chunk"]["function"]].call_raw
+        for end in range(head + c, len(prompt) + 1, c):
+            out = list(step([ids[:, end - c:end], np.ones((1, end), dtype=np.int64), *cache]))
+            cache = out[1:]
+        return out
+
     def generate(
         self,
         prompt_ids,
@@ -221,6 +242,7 @@ class Generator:
             cache = self._new_cache(devices)
 
         bucket = choose_bucket(self.llm.get("prefill_buckets") or [], len(prompt), float(self.llm.get("prefill_bucket_min_fill", 0.0)))
+        chunk = self.llm.get("prefill_chunk")
 
         start = time.perf_counter()
         in_callback = 0.0  # the caller's on_token time, left out of prefill and decode
@@ -231,6 +253,9 @@ class Generator:
             padded[0, :len(prompt)] = prompt
             run.prefill_function = bucket["function"]
             out = list(self.module.entry_points[bucket["function"]].call_raw([padded, np.asarray([len(prompt)], dtype=np.int64), *cache]))
+        elif chunk is not None and len(prompt) >= int(chunk["tokens"]):
+            out = self._chunked_prefill(prompt, int(chunk["tokens"]), min_tokens, cache)
+            run.prefill_function = chunk["function"]
         elif len(prompt) >= min_tokens:
             run.prefill_function = self.llm["prefill"]["function"]
             out = list(prefill([np.asarray([prompt], dtype=np.int64), *cache]))

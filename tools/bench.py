@@ -15,7 +15,8 @@ LlamaPrefill + LlamaDecode) in each `--eager` dtype. Prefill tok/s = prompt toke
 first new token; decode tok/s = decode steps / their time. --weights picks where llmc's weights live
 (llmc.load's weights=; `both` loads each artifact twice, mapped and in huge-page memory).
 --prefill-buckets N,... builds each dtype a second time with those static-length prefills and times
-both builds in the same rounds. Medians
+both builds in the same rounds; --prefill-chunk none|N likewise with that prefill chunk (against llmc's
+default, auto: a 64-token chunk on cpu once the cache holds two). Medians
 are reported, with each llmc figure's ratio to eager f32 and eager bf16 from the same worker, and
 decode as a fraction of its roofline: bandwidth / bytes of weights one decode step streams (every
 parameter but the embedding table, which decode only gathers one row of, at 4/2/1 bytes per weight
@@ -66,6 +67,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--prefill-buckets", default=None, metavar="N,N,...",
                     help="also build every dtype with these static-length prefill entry points (llmc compile --prefill-buckets) "
                          "and time both builds in the same run")
+    ap.add_argument("--prefill-chunk", default=None, metavar="none|N",
+                    help="also build every dtype with this --prefill-chunk (llmc compile; e.g. none, against the default "
+                         "auto) and time both builds in the same run")
     ap.add_argument("--kernels", default="on", choices=("on", "off", "both"),
                     help="cpu matvec kernels for fp8/int8/bf16 weights (compiler/ukernels.py; off = LLMC_CPU_KERNELS=off), "
                          "or both: each such dtype built with and without them, timed in the same run")
@@ -255,6 +259,32 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def plan_builds(args) -> list[tuple[str, str, str, str, dict, bool]]:
+    """Every llmc build the run makes: (row key, file stem, dtype, arch, llmc.compile prefill options, kernels on).
+    Each dtype x arch once as llmc builds it by default, and again with --prefill-buckets, with
+    --prefill-chunk (both: their cross product), and without kernels (--kernels both, narrow dtypes)."""
+    from llmc.compiler import ukernels
+
+    archs = args.arch or ["host"]
+    builds = []
+    for d in args.dtypes:
+        for arch in archs:
+            for buckets in ([None, args.prefill_buckets] if args.prefill_buckets else [None]):
+                for chunk in ([None, args.prefill_chunk] if args.prefill_chunk else [None]):
+                    for kern in (KERNEL_CHOICES[args.kernels] if d in ukernels.KINDS else (True,)):
+                        key = d if len(archs) == 1 else f"{d} [{arch}]"
+                        stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
+                        options = {"prefill_buckets": buckets or "auto", "prefill_chunk": chunk or "auto"}
+                        if buckets:
+                            key, stem = f"{key} [buckets {buckets}]", f"{stem}-b{buckets.replace(',', '-')}"
+                        if chunk:
+                            key, stem = f"{key} [chunk {chunk}]", f"{stem}-c{chunk}"
+                        if not kern:
+                            key, stem = f"{key} [no kernels]", f"{stem}-nokernels"
+                        builds.append((key, stem, d, arch, options, kern))
+    return builds
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     if args.worker:
@@ -272,17 +302,7 @@ def main(argv=None) -> int:
     prompt = torch.randint(0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
     args.out.mkdir(parents=True, exist_ok=True)
     artifacts, compile_s = {}, {}
-    archs = args.arch or ["host"]
-    builds = [(d, arch, b, kern) for d in args.dtypes for arch in archs
-              for b in ([None, args.prefill_buckets] if args.prefill_buckets else [None])
-              for kern in (KERNEL_CHOICES[args.kernels] if d in ukernels.KINDS else (True,))]
-    for d, arch, buckets, kern in builds:
-        key = d if len(archs) == 1 else f"{d} [{arch}]"
-        stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
-        if buckets:
-            key, stem = f"{key} [buckets {buckets}]", f"{stem}-b{buckets.replace(',', '-')}"
-        if not kern:
-            key, stem = f"{key} [no kernels]", f"{stem}-nokernels"
+    for key, stem, d, arch, options, kern in plan_builds(args):
         if args.keep and (args.out / f"{stem}.vmfb").exists():
             print(f"bench: reusing {args.out / f'{stem}.vmfb'} (--keep)", file=sys.stderr, flush=True)
             artifacts[key] = str(args.out / f"{stem}.vmfb")
@@ -293,7 +313,7 @@ def main(argv=None) -> int:
         os.environ[ukernels.ENV] = "on" if kern else "off"
         try:
             art = llmc.compile(args.checkpoint or llama, dtype=d, arch=arch, output=args.out / f"{stem}.vmfb", max_seq_len=max_len,
-                               prefill_buckets=buckets or "auto", **({"quant_embeddings": True} if d in ("fp8", "int8") else {}))
+                               **options, **({"quant_embeddings": True} if d in ("fp8", "int8") else {}))
         finally:
             if saved is None:
                 os.environ.pop(ukernels.ENV)

@@ -287,6 +287,46 @@ class LlamaPrefillBucket(LlamaPrefill):
         return (logits, *out_cache)
 
 
+class LlamaPrefillChunk(nn.Module):
+    """prefill_chunk(tokens[1, C], attention_mask[1, L], *cache) -> (logits of the chunk's last position
+    [1, 1, vocab], *cache').
+
+    C new tokens at positions L - C .. L - 1 after L - C positions already in the cache (an earlier
+    prefill or chunk): their K/V are written at those rows, then each attends over cache rows 0..its
+    own position (and where attention_mask is 1). Decode is the case C = 1. Exported with C fixed and
+    L dynamic, so every matmul has a static M like a bucket's, while a prompt of any length runs as
+    whole chunks with no padding: generate() prefills the first P mod C tokens with the dynamic prefill
+    and the rest C at a time (docs/targets.md: a static M made the f32 prefill ~1.27x faster on cpu).
+    """
+
+    def __init__(self, llama: Llama):
+        super().__init__()
+        self.llama = llama
+
+    def forward(self, tokens, attention_mask, *cache):
+        m = self.llama
+        c, n = tokens.shape[1], attention_mask.shape[1]
+        h = m.embed(tokens)
+        cos, sin = m.rope(n - c, n, h.dtype)
+        rows = torch.arange(n - c, n)
+        # query i (position n - c + i) sees keys 0..n - c + i: causal, aligned to the cache's end
+        keep = (torch.arange(n).unsqueeze(0) <= rows.unsqueeze(1)) & (attention_mask != 0)
+        keep = keep[None, None]  # [1, 1, C, L]
+        out_cache = []
+        for i, layer in enumerate(m.model.layers):
+            attn = layer.self_attn
+            q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
+            kc = cache[2 * i].index_copy(2, rows, k)
+            vc = cache[2 * i + 1].index_copy(2, rows, v)
+            out_cache += [kc, vc]
+            # slice_copy: see LlamaDecode
+            visible = lambda t: torch.ops.aten.slice_copy.Tensor(t, 2, 0, n)
+            o = F.scaled_dot_product_attention(q, visible(kc), visible(vc), attn_mask=keep, enable_gqa=True)
+            h = h + attn.out(o)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return (head_logits(m, h[:, -1:, :]), *out_cache)
+
+
 class LlamaDecode(nn.Module):
     """decode(token[1, 1], attention_mask[1, L], *cache) -> (logits [1, 1, vocab], *cache').
 

@@ -1,4 +1,4 @@
-"""The KV cache is updated in place: IREE's stream IR for prefill and decode returns the caller's cache
+"""The KV cache is updated in place: IREE's stream IR for prefill, decode and the prefill chunk returns the caller's cache
 buffers (tied) and never allocates or copies a cache-sized buffer. This is the copy count of
 docs/architecture.md checked on every build, independent of timing noise."""
 
@@ -19,7 +19,8 @@ MAX_SEQ = 48
 def stream_ir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kv")
     config = get_config("tiny")
-    art = llmc.compile(init_random(config, seed=0), output=tmp / "tiny.vmfb", max_seq_len=MAX_SEQ, dump_ir=tmp / "ir")
+    art = llmc.compile(init_random(config, seed=0), output=tmp / "tiny.vmfb", max_seq_len=MAX_SEQ, dump_ir=tmp / "ir",
+                        prefill_chunk=8)
     flags = art.read_manifest()["iree_flags"]
     out = tmp / "stream.mlir"
     subprocess.run([iree_compile_path(), str(next((tmp / "ir").glob("*-import.mlir"))), *flags, "--compile-to=stream", "-o", str(out)], check=True)
@@ -35,7 +36,7 @@ def _function(text: str, name: str) -> tuple[str, str]:
     return m.group(2), text[start:end]
 
 
-@pytest.mark.parametrize("name, first_cache_arg", [("prefill", 1), ("decode", 2)])
+@pytest.mark.parametrize("name, first_cache_arg", [("prefill", 1), ("decode", 2), ("prefill_chunk", 2)])
 def test_cache_results_are_the_input_buffers(stream_ir, name, first_cache_arg):
     text, _, n_cache = stream_ir
     results, _ = _function(text, name)
@@ -43,7 +44,7 @@ def test_cache_results_are_the_input_buffers(stream_ir, name, first_cache_arg):
     assert tied == [f"%arg{first_cache_arg + i}" for i in range(n_cache)]
 
 
-@pytest.mark.parametrize("name", ["prefill", "decode"])
+@pytest.mark.parametrize("name", ["prefill", "decode", "prefill_chunk"])
 def test_no_cache_sized_alloc_or_copy(stream_ir, name):
     text, cache_bytes, _ = stream_ir
     _, body = _function(text, name)

@@ -60,6 +60,8 @@ def test_cpu_defaults_add_no_buckets_and_no_static_decode(compiled):
     m = compiled["hf"].read_manifest()
     assert m["llm"]["prefill_buckets"] == [] and not [e for e in m["entry_points"] if e.startswith("prefill_")]
     assert "decode_static" not in m["llm"] and "decode_static" not in m["entry_points"]
+    # nor a prefill chunk: auto adds one on cpu only when the cache holds two (compiler/llm.py), 64 < 2 x 64
+    assert "prefill_chunk" not in m["llm"]
     assert sorted(m["entry_points"]) == ["decode", "prefill"]
 
 

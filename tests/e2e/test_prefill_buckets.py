@@ -49,12 +49,15 @@ def test_manifest_records_the_buckets(setup):
     llm = mod.manifest["llm"]
     assert [b["tokens"] for b in llm["prefill_buckets"]] == list(BUCKETS)
     assert llm["prefill_bucket_min_fill"] == 0.8  # cpu: pads cost compute there
+    # a cache of 128 holds two of cpu's default chunk (--prefill-chunk auto): buckets first, chunks for longer prompts
+    assert llm["prefill_chunk"]["tokens"] == 64
     for b in llm["prefill_buckets"]:
         shapes = [i["shape"] for i in mod.manifest["entry_points"][b["function"]]["inputs"]]
         assert shapes[0] == [1, b["tokens"]] and shapes[1] == [1]  # static: no dynamic dimension
 
 
-@pytest.mark.parametrize("n, entry", [(16, "prefill_16"), (14, "prefill_16"), (60, "prefill_64"), (40, "prefill"), (1, "decode")])
+@pytest.mark.parametrize("n, entry", [(16, "prefill_16"), (14, "prefill_16"), (60, "prefill_64"), (40, "prefill"), (1, "decode"),
+                                      (70, "prefill_chunk")])
 def test_generate_pads_into_the_bucket_and_matches_transformers(setup, n, entry):
     _, config, hf, mod = setup
     prompt = _prompt(n, config.vocab_size)

@@ -131,3 +131,19 @@ def test_bad_usage_exits_2(tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_plan_builds_adds_a_second_build_per_option():
+    """--prefill-buckets and --prefill-chunk each add a build of every dtype with that option (both: their
+    cross product), named in the row key and the file stem; --kernels both doubles the narrow dtypes only."""
+    from llmc.tools import bench
+
+    plan = lambda *a: {key: (stem, options, kern) for key, stem, _, _, options, kern in bench.plan_builds(bench.parse(list(a)))}
+    builds = plan("--dtypes", "f32", "--prefill-chunk", "none")
+    assert builds == {"f32": ("f32", {"prefill_buckets": "auto", "prefill_chunk": "auto"}, True),
+                      "f32 [chunk none]": ("f32-cnone", {"prefill_buckets": "auto", "prefill_chunk": "none"}, True)}
+    builds = plan("--dtypes", "f32,fp8", "--prefill-buckets", "128", "--prefill-chunk", "32", "--kernels", "both")
+    assert len(builds) == 4 + 8
+    assert builds["fp8 [buckets 128] [chunk 32] [no kernels]"] == (
+        "fp8-b128-c32-nokernels", {"prefill_buckets": "128", "prefill_chunk": "32"}, False)
+    assert builds["f32 [chunk 32]"][1] == {"prefill_buckets": "auto", "prefill_chunk": "32"}
