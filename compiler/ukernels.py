@@ -1,4 +1,6 @@
-"""Hand-written cpu kernels for the one-row products over packed narrow weights (decode steps).
+"""Hand-written cpu kernels for the one-row products over packed narrow weights (decode steps), and
+for the fixed many-row products over packed bf16 weights (prefill chunks and buckets: `llmc::gemm_bf16`,
+the same two steps below with x [M, K], one workgroup per run of 16-channel column blocks).
 
 What: on llvm-cpu for x86-64 CPUs with AVX2 + FMA, every one-row product over a packed fp8, int8 or
 bf16 weight (passes/_packed.py: `x[1, K] @ w.T` with w stored as P[N/G, K, G]) runs as
@@ -47,6 +49,8 @@ from llmc.passes._packed import KERNEL_GROUPS
 SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
 # The ops the graph passes emit, as torch-mlir imports them (`torch.operator "torch.llmc.matvec_fp8"`).
 OPERATOR_PREFIX = "torch.llmc.matvec_"
+GEMM_PREFIX = "torch.llmc.gemm_"  # many-row products (llmc::gemm_<kind>, a fixed M: prefill chunks and buckets)
+GEMM_KINDS = ("bf16",)
 # kind -> (element type of the packed codes, output channels per group G: the passes pack that way)
 KINDS = {kind: (elem, KERNEL_GROUPS[kind]) for kind, elem in (("fp8", "i8"), ("int8", "i8"), ("bf16", "i16"))}
 # Weight bytes one workgroup reads: large enough that IREE's per-workgroup cost is small against its
@@ -56,6 +60,8 @@ BYTES_PER_WORKGROUP = 128 * 1024
 MIN_WORKGROUPS = 16
 EXECUTABLE = "__llmc_kernels"
 DECL_PREFIX = "__llmc_matvec_"
+GEMM_DECL_PREFIX = "__llmc_gemm_"
+GEMM_MIN_WORKGROUPS = 16  # column blocks spread over at least this many workgroups (threads share them)
 NO_COMPILER = "no C compiler"  # starts the reasons worth a warning: the target could have the kernels
 ENV = "LLMC_CPU_KERNELS"  # "off": keep IREE's generated loop (A/B runs, a suspected kernel bug)
 _FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protector",
@@ -164,33 +170,48 @@ def declaration_name(kind: str, groups: int, k: int) -> str:
     return f"{DECL_PREFIX}{kind}_{groups}x{k}"
 
 
+def gemm_declaration_name(kind: str, m: int, groups: int, k: int) -> str:
+    return f"{GEMM_DECL_PREFIX}{kind}_{m}x{groups}x{k}"
+
+
 def lower_calls(module) -> int:
-    """Replace every `llmc::matvec_<kind>` op in `module` (torch-mlir, before the backend pipeline)
-    with a call of a declared builtin-tensor function; returns how many."""
+    """Replace every `llmc::matvec_<kind>` and `llmc::gemm_<kind>` op in `module` (torch-mlir, before the
+    backend pipeline) with a call of a declared builtin-tensor function; returns how many."""
     from torch_mlir import ir
 
     from llmc.passes._base import vtensor_dims, walk_ops
 
     ops = [op for op in walk_ops(module, {"torch.operator"})
-           if ir.StringAttr(op.attributes["name"]).value.startswith(OPERATOR_PREFIX)]
+           if ir.StringAttr(op.attributes["name"]).value.startswith((OPERATOR_PREFIX, GEMM_PREFIX))]
     if not ops:
         return 0
     declared = set()
     with module.context, ir.Location.unknown():
         for op in ops:
-            kind = ir.StringAttr(op.attributes["name"]).value[len(OPERATOR_PREFIX):].split(".")[0]
+            op_name = ir.StringAttr(op.attributes["name"]).value
+            gemm = op_name.startswith(GEMM_PREFIX)
+            kind = op_name[len(GEMM_PREFIX if gemm else OPERATOR_PREFIX):].split(".")[0]
             elem, group = KINDS[kind]
             x, p = op.operands
             xs, ps = vtensor_dims(str(x.type)), vtensor_dims(str(p.type))
             groups, k = (int(d) if d.isdigit() else -1 for d in ps[0][:2])
-            # the kernel's only form: x [1, K] f32, codes [G, K, group] (static)
-            if groups < 1 or (xs, ps[0][2], ps[1]) != ((["1", str(k)], "f32"), str(group), "s" + elem):
-                raise CompileError(f"llmc::matvec_{kind} takes x [1, K] f32 and s{elem} codes [N/{group}, K, {group}], static; "
-                                   f"got {x.type} and {p.type}")
-            name = declaration_name(kind, groups, k)
-            t_x = ir.Type.parse(f"tensor<1x{k}xf32>")
+            if gemm:
+                # x [M, K] f32 with M fixed, codes [G, K, group] (static)
+                m = int(xs[0][0]) if len(xs[0]) == 2 and xs[0][0].isdigit() else -1
+                if kind not in GEMM_KINDS or groups < 1 or m < 1 or (xs, ps[0][2], ps[1]) != (([str(m), str(k)], "f32"), str(group), "s" + elem):
+                    raise CompileError(f"llmc::gemm_{kind} takes x [M, K] f32 (M fixed) and s{elem} codes [N/{group}, K, {group}], "
+                                       f"static; got {x.type} and {p.type}")
+                name = gemm_declaration_name(kind, m, groups, k)
+            else:
+                m = 1
+                # the kernel's only form: x [1, K] f32, codes [G, K, group] (static)
+                if groups < 1 or (xs, ps[0][2], ps[1]) != ((["1", str(k)], "f32"), str(group), "s" + elem):
+                    raise CompileError(f"llmc::matvec_{kind} takes x [1, K] f32 and s{elem} codes [N/{group}, K, {group}], static; "
+                                       f"got {x.type} and {p.type}")
+                name = declaration_name(kind, groups, k)
+            t_x = ir.Type.parse(f"tensor<{m}x{k}xf32>")
             t_p = ir.Type.parse(f"tensor<{groups}x{k}x{group}x{elem}>")
-            t_y = ir.Type.parse(f"tensor<1x{groups * group}xf32>")
+            t_y = ir.Type.parse(f"tensor<{m}x{groups * group}xf32>")
             if name not in declared:
                 fn_type = ir.FunctionType.get([t_x, t_p], [t_y])
                 decl = ir.Operation.create("func.func", attributes={
@@ -213,6 +234,7 @@ def lower_calls(module) -> int:
 # 2. on the text for iree-compile: bodies and the executable
 
 _DECL = re.compile(rf"^(\s*)func\.func private @({DECL_PREFIX}({'|'.join(KINDS)})_(\d+)x(\d+))\(.*$", re.M)
+_GEMM_DECL = re.compile(rf"^(\s*)func\.func private @({GEMM_DECL_PREFIX}({'|'.join(GEMM_KINDS)})_(\d+)x(\d+)x(\d+))\(.*$", re.M)
 
 
 def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
@@ -241,8 +263,60 @@ def _definition(indent: str, name: str, kind: str, groups: int, k: int) -> str:
     return "\n".join(indent + line for line in lines)
 
 
-def _executable(obj: Path, kinds: list[str]) -> str:
+def gemm_groups_per_workgroup(groups: int) -> int:
+    """Column blocks (16 output channels each) one workgroup computes, for every row: as many as leave
+    GEMM_MIN_WORKGROUPS workgroups (a block's work is M x K x 16 multiply-adds, large next to a
+    workgroup's cost at any M a prefill chunk has)."""
+    return max(1, -(-groups // GEMM_MIN_WORKGROUPS))
+
+
+def _gemm_definition(indent: str, name: str, kind: str, m: int, groups: int, k: int) -> str:
+    elem, group = KINDS[kind]
+    tx, tp, ty = f"tensor<{m}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{m}x{groups * group}xf32>"
+    lines = [
+        f"func.func private @{name}(%x: {tx}, %p: {tp}) -> {ty} {{",
+        f"  %m = arith.constant {m} : index",
+        f"  %k = arith.constant {k} : index",
+        f"  %g = arith.constant {groups} : index",
+        f"  %per = arith.constant {gemm_groups_per_workgroup(groups)} : index",
+        f"  %y = flow.dispatch @{EXECUTABLE}::@gemm_{kind}[%g, %per](%x, %p, %m, %k, %g, %per) : ({tx}, {tp}, index, index, index, index) -> {ty}",
+        f"  return %y : {ty}",
+        "}",
+    ]
+    return "\n".join(indent + line for line in lines)
+
+
+def _gemm_executable_parts(kind: str) -> tuple[str, str]:
+    elem, group = KINDS[kind]
+    export = f"""\
+  stream.executable.export public @gemm_{kind} workgroups(%g: index, %per: index) -> (index, index, index) {{
+    %c1 = arith.constant 1 : index
+    %n = affine.apply affine_map<()[s0, s1] -> (s0 ceildiv s1)>()[%g, %per]
+    stream.return %n, %c1, %c1 : index, index, index
+  }}"""
+    func = f"""\
+    func.func private @llmc_gemm_{kind}(memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index, index) attributes {{hal.import.static}}
+    func.func @gemm_{kind}(%bx: !stream.binding, %bp: !stream.binding, %by: !stream.binding, %m: index, %k: index, %g: index, %per: index) {{
+      %c0 = arith.constant 0 : index
+      %wg = stream.dispatch.workgroup.id[0] : index
+      %nx = affine.apply affine_map<()[s0, s1] -> (s0 * s1)>()[%m, %k]
+      %np = affine.apply affine_map<()[s0, s1] -> (s0 * s1 * {group})>()[%g, %k]
+      %ny = affine.apply affine_map<()[s0, s1] -> (s0 * s1 * {group})>()[%m, %g]
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?xf32>{{%nx}}
+      %p = stream.binding.subspan %bp[%c0] : !stream.binding -> memref<?x{elem}>{{%np}}
+      %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{{%ny}}
+      func.call @llmc_gemm_{kind}(%x, %p, %y, %m, %k, %g, %per, %wg) : (memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index, index) -> ()
+      return
+    }}"""
+    return export, func
+
+
+def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = ()) -> str:
     exports, funcs = [], []
+    for kind in gemm_kinds:
+        export, func = _gemm_executable_parts(kind)
+        exports.append(export)
+        funcs.append(func)
     for kind in kinds:
         elem, group = KINDS[kind]
         exports.append(f"""\
@@ -282,8 +356,12 @@ def link(mlir: str) -> str:
     """`mlir` with each kernel declaration given its dispatch body and the executable added; the
     text unchanged when it declares none."""
     found = list(_DECL.finditer(mlir))
-    if not found:
+    found_gemm = list(_GEMM_DECL.finditer(mlir))
+    if not found and not found_gemm:
         return mlir
     out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5))), mlir)
+    out = _GEMM_DECL.sub(lambda m: _gemm_definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5)),
+                                                    int(m.group(6))), out)
     end = out.rstrip().rfind("}")  # the module's own closing brace: the executable goes inside it
-    return out[:end] + _executable(build_object(), sorted({m.group(3) for m in found})) + "\n" + out[end:]
+    return out[:end] + _executable(build_object(), sorted({m.group(3) for m in found}),
+                                   sorted({m.group(3) for m in found_gemm})) + "\n" + out[end:]

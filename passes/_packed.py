@@ -20,6 +20,9 @@ a multiple of G), G output channels per group: 8 by default (fp8, int8), 16 for 
   1.1-1.25x 8B fp8.
 - an embedding (a table tied to the output head): each row's codes are gathered from the packed
   layout (the row's group of G rows, then every G-th code) and only those are decoded.
+- `x @ w.T` with a fixed number M >= 2 of f32 rows (a prefill chunk or bucket), bf16 weights, where the C
+  kernels serve: `llmc::gemm_bf16(x, P)` -> [M, N], a 6 x 16 register block over each 16-channel group
+  (compiler/csrc; docs/targets.md "bf16 prefill kernel").
 - every other use (multi-row products): the whole weight decoded and unpacked to [N, K] ahead of
   the first op. IREE packs that for its data-tiled matmul per call; a decode fused into a data-tiled
   matmul itself put a whole f32 K panel on the stack ("exceeded stack allocation limit").
@@ -66,6 +69,25 @@ def define_kernel_op(kind: str, decode: Callable) -> None:
     KERNEL_OPS[kind] = getattr(torch.ops.llmc, f"matvec_{kind}").default
 
 
+GEMM_OPS: dict[str, object] = {}  # kind -> torch.ops.llmc.gemm_<kind>.default (bf16 only so far)
+
+
+def define_gemm_op(kind: str, decode: Callable) -> None:
+    """Define `llmc::gemm_<kind>(x[M, K] f32, P[N/G, K, G]) -> [M, N] f32` (N = the padded channels), the
+    unscaled many-row product over packed codes, for a static M (a prefill chunk or bucket). Eager: the
+    pass's decode and a matmul in torch. Compiled: compiler/ukernels.py's C kernel."""
+
+    @torch.library.custom_op(f"llmc::gemm_{kind}", mutates_args=())
+    def op(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("mk,bkg->mbg", x.float(), decode(p).float()).reshape(x.shape[0], -1)
+
+    @op.register_fake
+    def _(x, p):
+        return x.new_empty(x.shape[0], p.shape[0] * p.shape[2], dtype=torch.float32)
+
+    GEMM_OPS[kind] = getattr(torch.ops.llmc, f"gemm_{kind}").default
+
+
 def kernel_kind(ctx, kind: str) -> str | None:
     """`kind` when its one-row products are C kernel calls for this pass context, else None."""
     return kind if ctx.options.get(KERNEL_OPTION) and kind in KERNEL_OPS else None
@@ -77,10 +99,11 @@ def group_for(ctx, kind: str, default: int = PACK) -> int:
     return KERNEL_GROUPS[kind] if kernel_kind(ctx, kind) else default
 
 
-def rows_form(rows: int, kernel_rows: int) -> str:
-    """The statistics suffix naming how a packed weight's one-row products were written."""
+def rows_form(rows: int, kernel_rows: int, gemm_rows: int = 0) -> str:
+    """The statistics suffix naming how a packed weight's one-row (and fixed many-row) products were written."""
     parts = ([f"{kernel_rows} one-row product(s) as C kernel calls"] if kernel_rows else []) + (
-        [f"{rows - kernel_rows} one-row product(s) as a reduction"] if rows > kernel_rows else [])
+        [f"{rows - kernel_rows} one-row product(s) as a reduction"] if rows > kernel_rows else []) + (
+        [f"{gemm_rows} fixed many-row product(s) as C kernel calls"] if gemm_rows else [])
     return "".join(", " + part for part in parts)
 
 
@@ -113,13 +136,15 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
     outputs: the program's output specs (an output found by node name is renamed with its node).
     group: output channels per packed group, as `pack(w, group)` stored it.
     kernel: a KERNEL_OPS kind (kernel_kind): one-row products with an f32 x become
-        `llmc::matvec_<kernel>(x, P)` (the same unscaled sum, run by compiler/ukernels.py's C kernel).
-    Returns (one-row products, how many of them are kernel calls).
+        `llmc::matvec_<kernel>(x, P)` (the same unscaled sum, run by compiler/ukernels.py's C kernel),
+        and, where GEMM_OPS has the kind, products with a fixed number M >= 2 of f32 rows (a prefill
+        chunk's or bucket's) `llmc::gemm_<kernel>(x, P)`.
+    Returns (one-row products, how many of them are kernel calls, many-row kernel calls).
     """
     call = graph.call_function
     n, k = shape
     npad = padded(n, group)
-    rows = kernel_rows = 0
+    rows = kernel_rows = gemm_rows = 0
     decoders = set()  # the decode chains' own reads of the codes
 
     def decode():
@@ -132,6 +157,20 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
     for wt, product in uses:
         x = _one_row_input(product, wt, k)
         if x is None:
+            x = _fixed_rows_input(product, wt, k) if kernel in GEMM_OPS else None
+            if x is None or x.meta["val"].dtype != torch.float32:
+                continue
+            with graph.inserting_before(product):
+                y = call(GEMM_OPS[kernel], (x, node))
+                decoders.add(y)
+                gemm_rows += 1
+                if npad != n:
+                    y = call(_aten.slice.Tensor, (y, 1, 0, n))
+                if scale is not None:
+                    y = call(_aten.mul.Tensor, (y, call(_aten.view.default, (scale, [1, -1]))))
+                if product.target == _aten.addmm.default:
+                    y = call(_aten.add.Tensor, (product.args[0], y))
+            replace(graph, product, y, outputs)
             continue
         with graph.inserting_before(product):
             fake_x = x.meta.get("val")
@@ -197,7 +236,7 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
             if not _is_cast(user):
                 user.meta.pop("val", None)
                 user.meta.pop("tensor_meta", None)
-    return rows, kernel_rows
+    return rows, kernel_rows, gemm_rows
 
 
 def replace(graph, old, new, outputs) -> None:
@@ -262,6 +301,21 @@ def _one_row_input(product, weight_t, k):
     val = x.meta.get("val") if hasattr(x, "meta") else None
     # A symbolic row count (prefill's sequence) is not compared: that would add a guard to the program.
     if val is None or val.dim() != 2 or any(isinstance(d, torch.SymInt) for d in val.shape) or tuple(val.shape) != (1, k):
+        return None
+    return x
+
+
+def _fixed_rows_input(product, weight_t, k):
+    """x of `mm(x, weight_t)` / `addmm(b, x, weight_t)` (default alpha and beta) when x is [M, K] with a
+    static M >= 2 (a prefill chunk or bucket; a symbolic M is left alone, as in _one_row_input)."""
+    if product.target == _aten.mm.default and product.args[1] is weight_t:
+        x = product.args[0]
+    elif product.target == _aten.addmm.default and product.args[2] is weight_t and not product.kwargs:
+        x = product.args[1]
+    else:
+        return None
+    val = x.meta.get("val") if hasattr(x, "meta") else None
+    if val is None or val.dim() != 2 or any(isinstance(d, torch.SymInt) for d in val.shape) or val.shape[1] != k or val.shape[0] < 2:
         return None
     return x
 

@@ -12,9 +12,10 @@ Produces: the weight rounded to bf16 (round-to-nearest-even, as `tensor.to(torch
           an exact bf16 -> f32 widening made of integer ops. Everything after that is f32. On cpu a
           2-D weight a matrix product reads is stored packed, [ceil(N/16), K, 16], and its uses are
           rewritten by passes/_packed.py (a decode step's linear reads each weight once, 2 bytes, in
-          a reduction with 4 partial sums per channel; multi-row products widen and unpack it once
-          per call into the f32 data-tiled matmul); an embedding table gathers its rows' bits first
-          and widens only those.
+          a reduction with 4 partial sums per channel; a fixed number of rows (a prefill chunk or
+          bucket) goes to llmc's many-row C kernel where the cpu kernels serve; other multi-row
+          products widen and unpack it once per call into the f32 data-tiled matmul); an embedding
+          table gathers its rows' bits first and widens only those.
 Safe because: a bf16 value is the top half of the f32 with the same value, so shifting its 16 bits
           into the high half of an int32 and reading that as f32 is exact (NaN and infinities
           included). The weights equal eager PyTorch's `model.to(torch.bfloat16)` weights bit for
@@ -54,6 +55,7 @@ def widen_bf16_bits(bits: torch.Tensor) -> torch.Tensor:
 
 
 _packed.define_kernel_op("bf16", widen_bf16_bits)
+_packed.define_gemm_op("bf16", widen_bf16_bits)
 
 
 @register_pass("bf16-weights", Requires(backends=("vulkan-spirv", "llvm-cpu"), dtypes=("bf16",)))

@@ -112,6 +112,51 @@ def _assert_within_summation_error(got, x, kind, codes):
     assert float(bound.max()) < 1e-2 * float(want.abs().max())  # the bound is far tighter than the values checked
 
 
+def test_eager_gemm_op_is_the_product_with_the_decoded_weight():
+    n, k = 3 * 16, 24
+    codes = _codes("bf16", n, k, 5)
+    x = torch.randn(7, k, generator=torch.Generator().manual_seed(6))
+    got = _packed.GEMM_OPS["bf16"](x, _packed.pack(codes, 16))
+    assert got.shape == (7, n)
+    for row in range(7):
+        _assert_within_summation_error(got[row:row + 1], x[row:row + 1], "bf16", codes)
+
+
+def _gemm_module(m: int, groups: int, k: int) -> str:
+    elem, group = ukernels.KINDS["bf16"]
+    name = ukernels.gemm_declaration_name("bf16", m, groups, k)
+    tx, tp, ty = f"tensor<{m}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{m}x{groups * group}xf32>"
+    return (f"module {{\n  func.func private @{name}({tx}, {tp}) -> {ty}\n"
+            f"  func.func @main(%x: {tx}, %p: {tp}) -> {ty} {{\n"
+            f"    %y = func.call @{name}(%x, %p) : ({tx}, {tp}) -> {ty}\n"
+            f"    return %y : {ty}\n  }}\n}}\n")
+
+
+# M x groups x K: whole 6-row blocks and every row tail (13 = 2 x 6 + 1, 11 = 6 + 5, 4), groups over several
+# workgroups (40 = 16 workgroups of up to 3) and fewer than 16, odd K
+@pytest.mark.parametrize("m, groups, k", [(13, 40, 64), (11, 3, 37), (4, 5, 768), (2, 1, 8)])
+def test_compiled_gemm_kernel_matches_torch(tmp_path, m, groups, k):
+    text = ukernels.link(_gemm_module(m, groups, k))
+    assert f"flow.dispatch @{ukernels.EXECUTABLE}::@gemm_bf16" in text
+    src, vmfb = tmp_path / "m.mlir", tmp_path / "m.vmfb"
+    src.write_text(text)
+    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=x86-64-v3"]
+    subprocess.run([iree_compile_path(), str(src), *flags, "-o", str(vmfb)], check=True, capture_output=True, text=True)
+    codes = _codes("bf16", groups * 16, k, 7)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(8))
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "p.npy", _packed.pack(codes, 16).numpy())
+    run = subprocess.run([str(Path(sys.executable).parent / "iree-run-module"), f"--module={vmfb}",
+                          "--device=local-task", "--function=main", f"--input=@{tmp_path / 'x.npy'}",
+                          f"--input=@{tmp_path / 'p.npy'}", f"--output=@{tmp_path / 'y.npy'}"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    got = torch.from_numpy(np.load(tmp_path / "y.npy"))
+    assert got.shape == (m, groups * 16)
+    for row in range(m):
+        _assert_within_summation_error(got[row:row + 1], x[row:row + 1], "bf16", codes)
+
+
 def _cpu(arch: str, dtype: str = "fp8"):
     return targets.resolve("cpu", arch, dtype)
 
@@ -197,6 +242,26 @@ def test_import_refuses_a_kernel_op_of_another_form():
         importer.import_programs([(export.Exported(ep, ""), "main")])
     assert str(e.value) == ("llmc::matvec_fp8 takes x [1, K] f32 and si8 codes [N/32, K, 32], static; "
                             "got !torch.vtensor<[1,5],f32> and !torch.vtensor<[2,4,8],si8>")
+    assert e.value.exit_code == 3
+
+
+def test_import_refuses_a_gemm_op_with_a_dynamic_row_count():
+    """The many-row kernel takes a fixed M (a prefill chunk or bucket): a symbolic one is a clear compile error."""
+    from llmc.compiler import export, importer
+
+    class Rows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("p", torch.zeros(2, 4, 16, dtype=torch.int16))
+
+        def forward(self, x):
+            return _packed.GEMM_OPS["bf16"](x, self.p)
+
+    ep = torch.export.export(Rows(), (torch.randn(3, 4),), dynamic_shapes=({0: torch.export.Dim("m", min=2, max=8)},))
+    with pytest.raises(CompileError) as e:
+        importer.import_programs([(export.Exported(ep, ""), "main")])
+    assert str(e.value) == ("llmc::gemm_bf16 takes x [M, K] f32 (M fixed) and si16 codes [N/16, K, 16], static; "
+                            "got !torch.vtensor<[?,4],f32> and !torch.vtensor<[2,4,16],si16>")
     assert e.value.exit_code == 3
 
 

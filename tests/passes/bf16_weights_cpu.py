@@ -1,13 +1,16 @@
 # RUN: %python %s %t.pt2 %t.row.pt2
-# RUN: llmc-opt %t.pt2 --pipeline --target cpu --dtype bf16 --stats 2> %t.stats | filecheck %s
+# RUN: env LLMC_CPU_KERNELS=off llmc-opt %t.pt2 --pipeline --target cpu --dtype bf16 --stats 2> %t.stats | filecheck %s
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
 # RUN: env LLMC_CPU_KERNELS=off llmc-opt %t.row.pt2 --pipeline --target cpu --dtype bf16 --stats 2> %t.row.stats | filecheck %s --check-prefix=ROW
 # RUN: filecheck %s --check-prefix=ROWSTATS < %t.row.stats
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype bf16 --stats 2> %t.krow.stats | filecheck %s --check-prefix=KROW
 # RUN: filecheck %s --check-prefix=KROWSTATS < %t.krow.stats
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype bf16 --stats 2> %t.kgemm.stats | filecheck %s --check-prefix=KGEMM
+# RUN: filecheck %s --check-prefix=KGEMMSTATS < %t.kgemm.stats
 # bf16 on cpu: f32 math, bf16 weights stored as their int16 bits. A linear weight [N, K] is stored
 # packed, [ceil(N/16), K, 16] (N = 12 padded to 16 with zero rows; bf16's group is 16 channels): with two input rows it is widened
-# (int32 << 16, read as f32) and unpacked to [N, K] for the f32 matmul; with one row (a decode step)
+# (int32 << 16, read as f32) and unpacked to [N, K] for the f32 matmul, or, where the C kernels serve (KGEMM),
+# a fixed row count goes to llmc's many-row kernel over the packed bits; with one row (a decode step)
 # the product is an elementwise multiply and a sum over K of the widened packed weight, K split
 # (K/4, 4) into four partial sums, then the padding rows are sliced off. The embedding table gathers
 # its rows' bits and widens only those; the 1-D bias is widened where used. The outputs go back to
@@ -69,3 +72,13 @@ torch.export.save(torch.export.export(M(), (torch.tensor([3]),)), sys.argv[2])
 # KROW:        func.call @llmc_matvec_bf16(
 
 # KROWSTATS:   "packed, 1 one-row product(s) as C kernel calls": 1
+
+# KGEMM-LABEL: func.func @main
+# KGEMM-NOT:   torch.aten.mm
+# KGEMM:       call @__llmc_gemm_bf16_2x1x16(%{{.*}}, %{{.*}}) : (tensor<2x16xf32>, tensor<1x16x16xi16>) -> tensor<2x16xf32>
+# KGEMM:       torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[2,12],f32>
+# KGEMM-NOT:   torch.aten.mm
+# KGEMM:       flow.dispatch @__llmc_kernels::@gemm_bf16
+# KGEMM:       func.call @llmc_gemm_bf16(
+
+# KGEMMSTATS:  "packed, 1 fixed many-row product(s) as C kernel calls": 1
