@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from llmc import dtypes
-from llmc.compiler import artifacts, export, lower
+from llmc.compiler import artifacts, export, lower, ukernels
 from llmc.compiler.progress import Phases
 from llmc.compiler.targets import check_static_decode, parse_buckets, parse_chunk
 from llmc.errors import ExportError, UsageError
@@ -108,6 +108,10 @@ def resolve_chunk(spec, target, max_seq_len: int, tensor_parallel: int) -> int:
     fused = bool(fusion) and fusion[-1].lower() in ("true", "1")
     if spec == "auto":
         ok = target.name == "cpu" and tensor_parallel == 1 and not fused and max_seq_len >= 2 * CPU_PREFILL_CHUNK
+        if ok and target.dtype in ukernels.KINDS:
+            # packed narrow weights: without llmc's many-row kernels every chunk would widen every weight
+            # again (a bf16 chunk prefill ran slower than the dynamic one so: docs/targets.md)
+            ok = ukernels.unavailable(target) is None
         return CPU_PREFILL_CHUNK if ok else 0
     if not spec:
         return 0

@@ -1,6 +1,6 @@
 """Hand-written cpu kernels for the one-row products over packed narrow weights (decode steps), and
-for the fixed many-row products over packed bf16 weights (prefill chunks and buckets: `llmc::gemm_bf16`,
-the same two steps below with x [M, K], one workgroup per run of 16-channel column blocks).
+for the fixed many-row products over them (prefill chunks and buckets: `llmc::gemm_<kind>`, the same
+two steps below with x [M, K], one workgroup per run of groups, every row).
 
 What: on llvm-cpu for x86-64 CPUs with AVX2 + FMA, every one-row product over a packed fp8, int8 or
 bf16 weight (passes/_packed.py: `x[1, K] @ w.T` with w stored as P[N/G, K, G]) runs as
@@ -44,13 +44,13 @@ import tempfile
 from pathlib import Path
 
 from llmc.errors import CompileError
-from llmc.passes._packed import KERNEL_GROUPS
+from llmc.passes._packed import GEMM_GROUP_MULTIPLE, KERNEL_GROUPS
 
 SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
 # The ops the graph passes emit, as torch-mlir imports them (`torch.operator "torch.llmc.matvec_fp8"`).
 OPERATOR_PREFIX = "torch.llmc.matvec_"
 GEMM_PREFIX = "torch.llmc.gemm_"  # many-row products (llmc::gemm_<kind>, a fixed M: prefill chunks and buckets)
-GEMM_KINDS = ("bf16",)
+GEMM_KINDS = ("bf16", "fp8", "int8")
 # kind -> (element type of the packed codes, output channels per group G: the passes pack that way)
 KINDS = {kind: (elem, KERNEL_GROUPS[kind]) for kind, elem in (("fp8", "i8"), ("int8", "i8"), ("bf16", "i16"))}
 # Weight bytes one workgroup reads: large enough that IREE's per-workgroup cost is small against its
@@ -198,7 +198,8 @@ def lower_calls(module) -> int:
             if gemm:
                 # x [M, K] f32 with M fixed, codes [G, K, group] (static)
                 m = int(xs[0][0]) if len(xs[0]) == 2 and xs[0][0].isdigit() else -1
-                if kind not in GEMM_KINDS or groups < 1 or m < 1 or (xs, ps[0][2], ps[1]) != (([str(m), str(k)], "f32"), str(group), "s" + elem):
+                if (kind not in GEMM_KINDS or groups < 1 or m < 1 or groups % GEMM_GROUP_MULTIPLE.get(kind, 1)
+                        or (xs, ps[0][2], ps[1]) != (([str(m), str(k)], "f32"), str(group), "s" + elem)):
                     raise CompileError(f"llmc::gemm_{kind} takes x [M, K] f32 (M fixed) and s{elem} codes [N/{group}, K, {group}], "
                                        f"static; got {x.type} and {p.type}")
                 name = gemm_declaration_name(kind, m, groups, k)
@@ -263,11 +264,13 @@ def _definition(indent: str, name: str, kind: str, groups: int, k: int) -> str:
     return "\n".join(indent + line for line in lines)
 
 
-def gemm_groups_per_workgroup(groups: int) -> int:
-    """Column blocks (16 output channels each) one workgroup computes, for every row: as many as leave
-    GEMM_MIN_WORKGROUPS workgroups (a block's work is M x K x 16 multiply-adds, large next to a
-    workgroup's cost at any M a prefill chunk has)."""
-    return max(1, -(-groups // GEMM_MIN_WORKGROUPS))
+def gemm_groups_per_workgroup(kind: str, groups: int) -> int:
+    """Groups one workgroup computes, for every row: as many as leave GEMM_MIN_WORKGROUPS workgroups (a
+    group's work is M x K x G multiply-adds, large next to a workgroup's cost at any M a prefill chunk
+    has), in whole steps of the C loop (GEMM_GROUP_MULTIPLE)."""
+    step = GEMM_GROUP_MULTIPLE.get(kind, 1)
+    per = max(1, -(-groups // GEMM_MIN_WORKGROUPS))
+    return -(-per // step) * step
 
 
 def _gemm_definition(indent: str, name: str, kind: str, m: int, groups: int, k: int) -> str:
@@ -278,7 +281,7 @@ def _gemm_definition(indent: str, name: str, kind: str, m: int, groups: int, k: 
         f"  %m = arith.constant {m} : index",
         f"  %k = arith.constant {k} : index",
         f"  %g = arith.constant {groups} : index",
-        f"  %per = arith.constant {gemm_groups_per_workgroup(groups)} : index",
+        f"  %per = arith.constant {gemm_groups_per_workgroup(kind, groups)} : index",
         f"  %y = flow.dispatch @{EXECUTABLE}::@gemm_{kind}[%g, %per](%x, %p, %m, %k, %g, %per) : ({tx}, {tp}, index, index, index, index) -> {ty}",
         f"  return %y : {ty}",
         "}",

@@ -20,9 +20,9 @@ a multiple of G), G output channels per group: 8 by default (fp8, int8), 16 for 
   1.1-1.25x 8B fp8.
 - an embedding (a table tied to the output head): each row's codes are gathered from the packed
   layout (the row's group of G rows, then every G-th code) and only those are decoded.
-- `x @ w.T` with a fixed number M >= 2 of f32 rows (a prefill chunk or bucket), bf16 weights, where the C
-  kernels serve: `llmc::gemm_bf16(x, P)` -> [M, N], a 6 x 16 register block over each 16-channel group
-  (compiler/csrc; docs/targets.md "bf16 prefill kernel").
+- `x @ w.T` with a fixed number M >= 2 of f32 rows (a prefill chunk or bucket) where the C kernels
+  serve: `llmc::gemm_<kind>(x, P)` -> [M, N], a 6 x 16 register block over 16-channel panels
+  (compiler/csrc; docs/targets.md "Prefill kernels"), scale and bias after it as above.
 - every other use (multi-row products): the whole weight decoded and unpacked to [N, K] ahead of
   the first op. IREE packs that for its data-tiled matmul per call; a decode fused into a data-tiled
   matmul itself put a whole f32 K panel on the stack ("exceeded stack allocation limit").
@@ -69,7 +69,9 @@ def define_kernel_op(kind: str, decode: Callable) -> None:
     KERNEL_OPS[kind] = getattr(torch.ops.llmc, f"matvec_{kind}").default
 
 
-GEMM_OPS: dict[str, object] = {}  # kind -> torch.ops.llmc.gemm_<kind>.default (bf16 only so far)
+GEMM_OPS: dict[str, object] = {}  # kind -> torch.ops.llmc.gemm_<kind>.default
+# the C loop takes int8's 8-channel groups in pairs (one 16-wide panel): an odd count keeps IREE's matmul
+GEMM_GROUP_MULTIPLE = {"int8": 2}
 
 
 def define_gemm_op(kind: str, decode: Callable) -> None:
@@ -157,7 +159,7 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
     for wt, product in uses:
         x = _one_row_input(product, wt, k)
         if x is None:
-            x = _fixed_rows_input(product, wt, k) if kernel in GEMM_OPS else None
+            x = _fixed_rows_input(product, wt, k) if kernel in GEMM_OPS and (npad // group) % GEMM_GROUP_MULTIPLE.get(kernel, 1) == 0 else None
             if x is None or x.meta["val"].dtype != torch.float32:
                 continue
             with graph.inserting_before(product):

@@ -112,6 +112,7 @@ def _emit_decode_bits(graph, bits_node):
 
 
 _packed.define_kernel_op("fp8", decode_bits)
+_packed.define_gemm_op("fp8", decode_bits)
 FP8 = register_codec(Codec(dtype="fp8", option="fp8", scale_suffix=SCALE_SUFFIX, quantize=quantize, decode=decode_sw,
                            emit_bits=_emit_decode_bits, factor=2.0**120, form="software"))
 

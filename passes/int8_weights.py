@@ -61,6 +61,7 @@ def _emit_decode_bits(graph, codes_node):
 
 
 _packed.define_kernel_op("int8", decode)
+_packed.define_gemm_op("int8", decode)
 INT8 = register_codec(Codec(dtype="int8", option="quant", scale_suffix=SCALE_SUFFIX, quantize=quantize, decode=decode,
                             emit_bits=_emit_decode_bits, factor=1.0, form="int8"))
 

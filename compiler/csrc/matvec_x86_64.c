@@ -1,5 +1,5 @@
 /* One-row products over llmc's packed narrow weights, for llvm-cpu on x86-64 with AVX2 + FMA (and
- * many-row products over bf16 ones: llmc_gemm_bf16, below).
+ * many-row products: llmc_gemm_bf16, _fp8, _int8, below).
  *
  * Linked into IREE executables as an object file (compiler/ukernels.py builds it with the system C
  * compiler and rewrites each `llmc.matvec_*` op into a dispatch that calls it). A decode step's
@@ -282,6 +282,101 @@ static inline void bf16_gemm_groups(const float *restrict x, const uint16_t *res
   }
 }
 
+/* ---- many-row products over fp8 and int8 groups: decoded a K block at a time ----
+ *
+ * Their decode costs more instructions than bf16's shift, and a 6-row block would repeat it for every
+ * block of rows; instead each 16-channel panel (half an fp8 group, or two int8 groups) is decoded
+ * GEMM_KB rows of K at a time into an f32 buffer on the stack (8 KiB a panel), and the same 6 x 16
+ * block runs over the buffer, adding to y after the first K block. */
+
+#define GEMM_KB 128
+
+#define GEMM_F32_ROWS(R)                                                                                        \
+  static inline void gemm_f32_rows##R(const float *restrict x, size_t ldx, size_t kb, const float *restrict w, \
+                                      float *restrict y, size_t ldy, int first) {                              \
+    __m256 a0[R], a1[R];                                                                                        \
+    _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                                       \
+      a0[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);                                       \
+      a1[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy + 8);                                   \
+    }                                                                                                           \
+    for (size_t i = 0; i < kb; i++) {                                                                           \
+      __m256 b0 = _mm256_load_ps(w + i * 16), b1 = _mm256_load_ps(w + i * 16 + 8);                              \
+      _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                                     \
+        __m256 a = _mm256_broadcast_ss(x + j * ldx + i);                                                        \
+        a0[j] = _mm256_fmadd_ps(a, b0, a0[j]);                                                                  \
+        a1[j] = _mm256_fmadd_ps(a, b1, a1[j]);                                                                  \
+      }                                                                                                         \
+    }                                                                                                           \
+    _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                                       \
+      _mm256_storeu_ps(y + j * ldy, a0[j]);                                                                     \
+      _mm256_storeu_ps(y + j * ldy + 8, a1[j]);                                                                 \
+    }                                                                                                           \
+  }
+GEMM_F32_ROWS(6)
+GEMM_F32_ROWS(5)
+GEMM_F32_ROWS(4)
+GEMM_F32_ROWS(3)
+GEMM_F32_ROWS(2)
+GEMM_F32_ROWS(1)
+
+/* y[:, 16 columns] (+)= x[:, k0 : k0 + kb] @ w[kb][16], every row of x (row stride ldx = K) */
+static inline void gemm_f32_panel(const float *restrict x, size_t m, size_t ldx, size_t kb, const float *restrict w,
+                                  float *restrict y, size_t ldy, int first) {
+  size_t r = 0;
+  for (; r + 6 <= m; r += 6) gemm_f32_rows6(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first);
+  switch (m - r) {
+    case 5: gemm_f32_rows5(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;
+    case 4: gemm_f32_rows4(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;
+    case 3: gemm_f32_rows3(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;
+    case 2: gemm_f32_rows2(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;
+    case 1: gemm_f32_rows1(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;
+    default: break;
+  }
+}
+
+/* fp8: 32-channel group b -> two 16-wide panels per K block (fp8_store's transpose, split in halves) */
+static inline void fp8_gemm_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t m,
+                                   size_t k, size_t n, size_t first, size_t count) {
+  float w[2][GEMM_KB * 16] __attribute__((aligned(32)));
+  for (size_t b = first; b < first + count; b++) {
+    const int8_t *pb = p + b * k * 32;
+    for (size_t k0 = 0; k0 < k; k0 += GEMM_KB) {
+      size_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;
+      for (size_t i = 0; i < kb; i++) {
+        __m256 d[4], t[4];
+        dec_fp8x32(pb + (k0 + i) * 32, d);
+        __m256 t0 = _mm256_unpacklo_ps(d[0], d[1]), t1 = _mm256_unpackhi_ps(d[0], d[1]);
+        __m256 t2 = _mm256_unpacklo_ps(d[2], d[3]), t3 = _mm256_unpackhi_ps(d[2], d[3]);
+        t[0] = _mm256_shuffle_ps(t0, t2, 0x44), t[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+        t[2] = _mm256_shuffle_ps(t1, t3, 0x44), t[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+        _mm256_store_ps(w[0] + i * 16, _mm256_permute2f128_ps(t[0], t[1], 0x20));
+        _mm256_store_ps(w[0] + i * 16 + 8, _mm256_permute2f128_ps(t[2], t[3], 0x20));
+        _mm256_store_ps(w[1] + i * 16, _mm256_permute2f128_ps(t[0], t[1], 0x31));
+        _mm256_store_ps(w[1] + i * 16 + 8, _mm256_permute2f128_ps(t[2], t[3], 0x31));
+      }
+      gemm_f32_panel(x + k0, m, k, kb, w[0], y + b * 32, n, k0 == 0);
+      gemm_f32_panel(x + k0, m, k, kb, w[1], y + b * 32 + 16, n, k0 == 0);
+    }
+  }
+}
+
+/* int8: 8-channel groups b, b + 1 -> one 16-wide panel per K block (count is even: compiler/ukernels.py) */
+static inline void int8_gemm_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t m,
+                                    size_t k, size_t n, size_t first, size_t count) {
+  float w[GEMM_KB * 16] __attribute__((aligned(32)));
+  for (size_t b = first; b + 2 <= first + count; b += 2) {
+    const int8_t *p0 = p + b * k * 8, *p1 = p0 + k * 8;
+    for (size_t k0 = 0; k0 < k; k0 += GEMM_KB) {
+      size_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;
+      for (size_t i = 0; i < kb; i++) {
+        _mm256_store_ps(w + i * 16, dec_int8(p0 + (k0 + i) * 8));
+        _mm256_store_ps(w + i * 16 + 8, dec_int8(p1 + (k0 + i) * 8));
+      }
+      gemm_f32_panel(x + k0, m, k, kb, w, y + b * 8, n, k0 == 0);
+    }
+  }
+}
+
 /* ---- entry points: workgroup `wg` computes groups [wg * per_wg, (wg + 1) * per_wg) ---- */
 
 static inline void span(size_t groups, size_t per_wg, size_t wg, size_t *first, size_t *count) {
@@ -317,4 +412,18 @@ void llmc_gemm_bf16(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(fl
   size_t first, count;
   span(groups, per_wg, wg, &first, &count);
   bf16_gemm_groups(DATA(x), DATA(p), DATA(y), m, k, groups * 16, first, count);
+}
+
+void llmc_gemm_fp8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t m, size_t k, size_t groups,
+                   size_t per_wg, size_t wg) {
+  size_t first, count;
+  span(groups, per_wg, wg, &first, &count);
+  fp8_gemm_groups(DATA(x), DATA(p), DATA(y), m, k, groups * 32, first, count);
+}
+
+void llmc_gemm_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t m, size_t k, size_t groups,
+                    size_t per_wg, size_t wg) {
+  size_t first, count;
+  span(groups, per_wg, wg, &first, &count);
+  int8_gemm_groups(DATA(x), DATA(p), DATA(y), m, k, groups * 8, first, count);
 }

@@ -112,19 +112,20 @@ def _assert_within_summation_error(got, x, kind, codes):
     assert float(bound.max()) < 1e-2 * float(want.abs().max())  # the bound is far tighter than the values checked
 
 
-def test_eager_gemm_op_is_the_product_with_the_decoded_weight():
-    n, k = 3 * 16, 24
-    codes = _codes("bf16", n, k, 5)
+@pytest.mark.parametrize("kind", ["fp8", "int8", "bf16"])
+def test_eager_gemm_op_is_the_product_with_the_decoded_weight(kind):
+    n, k = 4 * GROUP[kind], 24
+    codes = _codes(kind, n, k, 5)
     x = torch.randn(7, k, generator=torch.Generator().manual_seed(6))
-    got = _packed.GEMM_OPS["bf16"](x, _packed.pack(codes, 16))
+    got = _packed.GEMM_OPS[kind](x, _packed.pack(codes, GROUP[kind]))
     assert got.shape == (7, n)
     for row in range(7):
-        _assert_within_summation_error(got[row:row + 1], x[row:row + 1], "bf16", codes)
+        _assert_within_summation_error(got[row:row + 1], x[row:row + 1], kind, codes)
 
 
-def _gemm_module(m: int, groups: int, k: int) -> str:
-    elem, group = ukernels.KINDS["bf16"]
-    name = ukernels.gemm_declaration_name("bf16", m, groups, k)
+def _gemm_module(kind: str, m: int, groups: int, k: int) -> str:
+    elem, group = ukernels.KINDS[kind]
+    name = ukernels.gemm_declaration_name(kind, m, groups, k)
     tx, tp, ty = f"tensor<{m}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{m}x{groups * group}xf32>"
     return (f"module {{\n  func.func private @{name}({tx}, {tp}) -> {ty}\n"
             f"  func.func @main(%x: {tx}, %p: {tp}) -> {ty} {{\n"
@@ -133,28 +134,36 @@ def _gemm_module(m: int, groups: int, k: int) -> str:
 
 
 # M x groups x K: whole 6-row blocks and every row tail (13 = 2 x 6 + 1, 11 = 6 + 5, 4), groups over several
-# workgroups (40 = 16 workgroups of up to 3) and fewer than 16, odd K
-@pytest.mark.parametrize("m, groups, k", [(13, 40, 64), (11, 3, 37), (4, 5, 768), (2, 1, 8)])
-def test_compiled_gemm_kernel_matches_torch(tmp_path, m, groups, k):
-    text = ukernels.link(_gemm_module(m, groups, k))
-    assert f"flow.dispatch @{ukernels.EXECUTABLE}::@gemm_bf16" in text
+# workgroups (40 = 16 workgroups of up to 3; int8: of 4) and fewer than 16, K over several of the fp8/int8
+# loop's 128-row blocks with a partial last one (300), odd K
+@pytest.mark.parametrize("kind", ["fp8", "int8", "bf16"])
+@pytest.mark.parametrize("m, groups, k", [(13, 40, 64), (11, 4, 37), (4, 6, 300), (2, 2, 8)])
+def test_compiled_gemm_kernel_matches_torch(tmp_path, kind, m, groups, k):
+    text = ukernels.link(_gemm_module(kind, m, groups, k))
+    assert f"flow.dispatch @{ukernels.EXECUTABLE}::@gemm_{kind}" in text
     src, vmfb = tmp_path / "m.mlir", tmp_path / "m.vmfb"
     src.write_text(text)
     flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=x86-64-v3"]
     subprocess.run([iree_compile_path(), str(src), *flags, "-o", str(vmfb)], check=True, capture_output=True, text=True)
-    codes = _codes("bf16", groups * 16, k, 7)
+    group = GROUP[kind]
+    codes = _codes(kind, groups * group, k, 7)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8))
     np.save(tmp_path / "x.npy", x.numpy())
-    np.save(tmp_path / "p.npy", _packed.pack(codes, 16).numpy())
+    np.save(tmp_path / "p.npy", _packed.pack(codes, group).numpy())
     run = subprocess.run([str(Path(sys.executable).parent / "iree-run-module"), f"--module={vmfb}",
                           "--device=local-task", "--function=main", f"--input=@{tmp_path / 'x.npy'}",
                           f"--input=@{tmp_path / 'p.npy'}", f"--output=@{tmp_path / 'y.npy'}"],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     got = torch.from_numpy(np.load(tmp_path / "y.npy"))
-    assert got.shape == (m, groups * 16)
+    assert got.shape == (m, groups * group)
     for row in range(m):
-        _assert_within_summation_error(got[row:row + 1], x[row:row + 1], "bf16", codes)
+        _assert_within_summation_error(got[row:row + 1], x[row:row + 1], kind, codes)
+
+
+def test_int8_gemm_takes_its_groups_in_pairs():
+    assert [ukernels.gemm_groups_per_workgroup("int8", g) for g in (2, 32, 34, 96)] == [2, 2, 4, 6]
+    assert [ukernels.gemm_groups_per_workgroup("fp8", g) for g in (2, 32, 34, 96)] == [1, 2, 3, 6]
 
 
 def _cpu(arch: str, dtype: str = "fp8"):

@@ -17,7 +17,7 @@ from conftest import llmc_in_process
 transformers = pytest.importorskip("transformers")
 
 import llmc  # noqa: E402
-from llmc.compiler import llm, targets  # noqa: E402
+from llmc.compiler import llm, targets, ukernels  # noqa: E402
 from llmc.errors import UsageError  # noqa: E402
 from llmc.models.llama.config import get_config  # noqa: E402
 from llmc.models.llama.model import LlamaPrefill, LlamaPrefillChunk, init_random, new_cache  # noqa: E402
@@ -131,6 +131,19 @@ def test_auto_is_a_cpu_chunk_when_the_cache_holds_two():
         assert llm.resolve_chunk("auto", _target(gpu), 4096, 1) == 0  # GPUs prefill through buckets
     assert llm.resolve_chunk("none", _target(), 4096, 1) == 0 and llm.resolve_chunk("0", _target(), 4096, 1) == 0
     assert llm.resolve_chunk(32, _target(), 64, 1) == 32
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8", "int8"])
+def test_auto_chunks_narrow_weights_only_where_the_kernels_serve(monkeypatch, dtype):
+    """Packed narrow weights go through llmc's many-row kernel in a chunk; without it a chunk would widen
+    every weight again, so auto leaves the chunk out (an explicit size is still taken)."""
+    target = targets.resolve("cpu", "x86-64-v3", dtype)
+    monkeypatch.setenv(ukernels.ENV, "off")
+    assert llm.resolve_chunk("auto", target, 4096, 1) == 0
+    assert llm.resolve_chunk(32, target, 4096, 1) == 32
+    monkeypatch.delenv(ukernels.ENV)
+    if ukernels.unavailable(target) is None:
+        assert llm.resolve_chunk("auto", target, 4096, 1) == llm.CPU_PREFILL_CHUNK
 
 
 @pytest.mark.parametrize("spec, target, max_len, tp, needle", [

@@ -14,8 +14,9 @@
 # matmul runs in f32. On cpu the codes are stored packed, [N/G, K, G]: with two input rows the
 # decoded weight is unpacked to [N, K] for the matmul; with one row (a decode step) the product is
 # an elementwise multiply and a sum over K of the packed weight (K split (K/4, 4): four partial
-# sums per output, added last), scaled per output after the sum. G is 8, or 32 where the C matvec
-# kernel computes the one-row products (the KROW and KMM checks; rows padded with zero codes to 32).
+# sums per output, added last), scaled per output after the sum. G is 8, or 32 where the C
+# kernels compute the products (the KROW and KMM checks; rows padded with zero codes to 32): one row
+# through the matvec kernel, a fixed number of rows (two here; a prefill chunk's) through the many-row one.
 # gfx942 decodes natively from E4M3FNUZ, gfx950 from E4M3FN, in f16, in the [N, K] layout.
 import sys
 
@@ -81,12 +82,13 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 # KMM-DAG:     "util.global"() {initial_value = #stream.parameter.named<"model"::"0.weight"> : tensor<1x16x32xi8>
 # KMM-DAG:     "util.global"() {initial_value = #stream.parameter.named<"model"::"2.weight"> : tensor<1x32x32xi8>
 # KMM-LABEL:   func.func @main
-# KMM:         call @__llmc_bitcast_1x32x32_i32_f32({{.*}}) : (tensor<1x32x32xi32>) -> tensor<1x32x32xf32>
-# KMM:         torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[8,32],f32>
-# KMM:         call @__llmc_bitcast_1x16x32_i32_f32({{.*}}) : (tensor<1x16x32xi32>) -> tensor<1x16x32xf32>
-# KMM:         torch.aten.permute {{.*}} !torch.vtensor<[1,16,32],f32>, !torch.list<int> -> !torch.vtensor<[1,32,16],f32>
-# KMM:         torch.aten.mm %arg0, {{.*}} : !torch.vtensor<[2,16],f32>, !torch.vtensor<[16,32],f32>
-# KMM-NOT:     llmc_matvec
+# KMM-NOT:     torch.aten.mm
+# KMM:         call @__llmc_gemm_fp8_2x1x16(%{{.*}}, %{{.*}}) : (tensor<2x16xf32>, tensor<1x16x32xi8>) -> tensor<2x32xf32>
+# KMM:         call @__llmc_gemm_fp8_2x1x32(%{{.*}}, %{{.*}}) : (tensor<2x32xf32>, tensor<1x32x32xi8>) -> tensor<2x32xf32>
+# KMM:         torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[2,8],f32>
+# KMM-NOT:     torch.aten.mm
+# KMM:         flow.dispatch @__llmc_kernels::@gemm_fp8
+# KMM:         func.call @llmc_gemm_fp8(
 
 # FNUZ:        torch.aten.view.dtype {{.*}} -> !torch.vtensor<[32,16],f8E4M3FNUZ>
 # FNUZ:        torch.aten.to.dtype {{.*}} -> !torch.vtensor<[32,16],f16>

@@ -1,10 +1,12 @@
 # RUN: %python %s %t.pt2 %t.row.pt2
-# RUN: llmc-opt %t.pt2 --pipeline --target cpu --dtype int8 --stats 2> %t.stats | filecheck %s
+# RUN: env LLMC_CPU_KERNELS=off llmc-opt %t.pt2 --pipeline --target cpu --dtype int8 --stats 2> %t.stats | filecheck %s
 # RUN: filecheck %s --check-prefix=STATS < %t.stats
 # RUN: env LLMC_CPU_KERNELS=off llmc-opt %t.row.pt2 --pipeline --target cpu --dtype int8 --stats 2> %t.row.stats | filecheck %s --check-prefix=ROW
 # RUN: filecheck %s --check-prefix=ROWSTATS < %t.row.stats
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype int8 --stats 2> %t.krow.stats | filecheck %s --check-prefix=KROW
 # RUN: filecheck %s --check-prefix=KROWSTATS < %t.krow.stats
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype int8 --stats 2> %t.kmm.stats | filecheck %s --check-prefix=KMM
+# RUN: filecheck %s --check-prefix=KMMSTATS < %t.kmm.stats
 # RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx942 --dtype int8 --stats 2> %t.hip.stats | filecheck %s --check-prefix=GPU
 # RUN: filecheck %s --check-prefix=GPUSTATS < %t.hip.stats
 # RUN: llmc-opt %t.pt2 --pipeline --target vulkan --dtype int8 | filecheck %s --check-prefix=GPU
@@ -13,7 +15,9 @@
 # on cpu the codes are stored packed, [N/8, K, 8] (as fp8's): with two input rows the converted
 # weight is scaled and unpacked to [N, K] for the f32 matmul; with one row (a decode step) the
 # product is an elementwise multiply and a sum over K of the packed weight (K split (K/4, 4): four
-# partial sums per output), scaled per output after the sum. On GPUs (gfx942, SPIR-V) the codes keep
+# partial sums per output), scaled per output after the sum. With the C kernels (KMM), a fixed number
+# of rows (two here; a prefill chunk's) goes through the many-row kernel where the groups pair up (the
+# first weight's 4 groups of 8), else (the second's one group) the unpacked matmul. On GPUs (gfx942, SPIR-V) the codes keep
 # the [N, K] layout and the f32 decode is cast to f16, the compute dtype there.
 import sys
 
@@ -87,3 +91,12 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 # GPUSTATS:    "name": "int8-weights"
 # GPUSTATS:    "rewrote": 2
 # GPUSTATS:    "per-channel int8": 2
+
+# KMM-LABEL:   func.func @main
+# KMM:         call @__llmc_gemm_int8_2x4x16(%{{.*}}, %{{.*}}) : (tensor<2x16xf32>, tensor<4x16x8xi8>) -> tensor<2x32xf32>
+# KMM:         torch.aten.mm {{.*}} : !torch.vtensor<[2,32],f32>, !torch.vtensor<[32,8],f32>
+# KMM:         flow.dispatch @__llmc_kernels::@gemm_int8
+# KMM:         func.call @llmc_gemm_int8(
+
+# KMMSTATS:    "per-channel int8, packed": 1
+# KMMSTATS:    "per-channel int8, packed, 1 fixed many-row product(s) as C kernel calls": 1
