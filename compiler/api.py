@@ -82,7 +82,8 @@ def compile_model(
     prefill_chunk (Llama checkpoints, cpu): C adds `prefill_chunk`, C prompt tokens after the cached ones
     with C fixed (every matmul a static M, as in a bucket) and no padding: generate() prefills the first
     P mod C tokens of a P-token prompt with the dynamic prefill and the rest C at a time. "auto" (the
-    default): 64 on cpu when max_seq_len holds two chunks, else none; "none" or 0: none.
+    default): 64 on cpu when max_seq_len holds two chunks (bf16/fp8/int8 weights: only where llmc's C
+    kernels serve, compiler/ukernels.py), else none; "none" or 0: none.
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,

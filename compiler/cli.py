@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Llama checkpoints on cpu: an entry point taking N prompt tokens after the cached ones (N fixed: "
                         "static-shape matmuls, no padding); a prompt of P >= N tokens is prefilled P mod N tokens by the "
                         "dynamic prefill, then N at a time; auto (the default): 64 on cpu when --max-seq-len holds two "
-                        "chunks, else none")
+                        "chunks (bf16/fp8/int8 weights: where llmc's C kernels serve), else none")
     c.add_argument("--static-decode", choices=("auto", "on", "off"), default="auto",
                    help="Llama checkpoints: also export a decode step with every shape fixed (attention over the whole "
                         "cache, masked), which a GPU runtime can record once and replay; auto (the default): "
