@@ -158,25 +158,18 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
     uses, chain = _transposed_uses(node)
     for wt, product in uses:
         x = _one_row_input(product, wt, k)
-        if x is None:
+        many = x is None
+        if many:  # a fixed number of rows: the many-row kernel, where there is one for this kind and group count
             x = _fixed_rows_input(product, wt, k) if kernel in GEMM_OPS and (npad // group) % GEMM_GROUP_MULTIPLE.get(kernel, 1) == 0 else None
             if x is None or x.meta["val"].dtype != torch.float32:
                 continue
-            with graph.inserting_before(product):
+        with graph.inserting_before(product):
+            fake_x = x.meta.get("val")
+            if many:
                 y = call(GEMM_OPS[kernel], (x, node))
                 decoders.add(y)
                 gemm_rows += 1
-                if npad != n:
-                    y = call(_aten.slice.Tensor, (y, 1, 0, n))
-                if scale is not None:
-                    y = call(_aten.mul.Tensor, (y, call(_aten.view.default, (scale, [1, -1]))))
-                if product.target == _aten.addmm.default:
-                    y = call(_aten.add.Tensor, (product.args[0], y))
-            replace(graph, product, y, outputs)
-            continue
-        with graph.inserting_before(product):
-            fake_x = x.meta.get("val")
-            if kernel is not None and fake_x is not None and fake_x.dtype == torch.float32:
+            elif kernel is not None and fake_x is not None and fake_x.dtype == torch.float32:
                 y = call(KERNEL_OPS[kernel], (x, node))
                 decoders.add(y)
                 kernel_rows += 1
@@ -193,7 +186,7 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
             if product.target == _aten.addmm.default:
                 y = call(_aten.add.Tensor, (product.args[0], y))
         replace(graph, product, y, outputs)
-        rows += 1
+        rows += not many
     for dead in reversed(chain):  # the casts and transposes the rewritten products no longer read
         if not dead.users:
             graph.erase_node(dead)

@@ -235,51 +235,59 @@ static inline void bf16_groups(const float *restrict x, const uint16_t *restrict
  * thread, 128 x 2048 x 768 and 128 x 768 x 2048; docs/targets.md "bf16 prefill kernel"). A panel
  * (K x 16 x 2 bytes: 24 KiB at K = 768) stays in L1 while every 6-row block of x passes over it. */
 
-#define GEMM_ROWS(R)                                                                                  \
-  static inline void gemm_bf16_rows##R(const float *restrict x, size_t k, const uint16_t *restrict p, \
-                                       float *restrict y, size_t ldy) {                               \
-    __m256 a0[R], a1[R];                                                                              \
-    _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                             \
-      a0[j] = _mm256_setzero_ps();                                                                    \
-      a1[j] = _mm256_setzero_ps();                                                                    \
-    }                                                                                                 \
-    for (size_t i = 0; i < k; i++) {                                                                  \
-      __m256 b0 = dec_bf16(p + i * 16), b1 = dec_bf16(p + i * 16 + 8);                                \
-      _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                           \
-        __m256 a = _mm256_broadcast_ss(x + j * k + i);                                                \
-        a0[j] = _mm256_fmadd_ps(a, b0, a0[j]);                                                        \
-        a1[j] = _mm256_fmadd_ps(a, b1, a1[j]);                                                        \
-      }                                                                                               \
-    }                                                                                                 \
-    _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                             \
-      _mm256_storeu_ps(y + j * ldy, a0[j]);                                                           \
-      _mm256_storeu_ps(y + j * ldy + 8, a1[j]);                                                       \
-    }                                                                                                 \
+/* The 6 x 16 block, generic in how a panel row of 16 weights becomes two f32 vectors: NAME##_rows##R
+ * computes y[R rows, 16 columns] (+)= x[R rows, 0 : kb] @ w[kb][16] (first: y overwritten, else
+ * added to), x's rows ldx apart; NAME##_panel runs it over every row of x. */
+#define GEMM_ROWS(NAME, T, LOAD, R)                                                                        \
+  static inline void NAME##_rows##R(const float *restrict x, size_t ldx, size_t kb, const T *restrict w,  \
+                                    float *restrict y, size_t ldy, int first) {                            \
+    __m256 a0[R], a1[R];                                                                                   \
+    _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                                  \
+      a0[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);                                  \
+      a1[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy + 8);                              \
+    }                                                                                                      \
+    for (size_t i = 0; i < kb; i++) {                                                                      \
+      __m256 b0 = LOAD(w + i * 16), b1 = LOAD(w + i * 16 + 8);                                             \
+      _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                                \
+        __m256 a = _mm256_broadcast_ss(x + j * ldx + i);                                                   \
+        a0[j] = _mm256_fmadd_ps(a, b0, a0[j]);                                                             \
+        a1[j] = _mm256_fmadd_ps(a, b1, a1[j]);                                                             \
+      }                                                                                                    \
+    }                                                                                                      \
+    _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                                  \
+      _mm256_storeu_ps(y + j * ldy, a0[j]);                                                                \
+      _mm256_storeu_ps(y + j * ldy + 8, a1[j]);                                                            \
+    }                                                                                                      \
   }
-GEMM_ROWS(6)
-GEMM_ROWS(5)
-GEMM_ROWS(4)
-GEMM_ROWS(3)
-GEMM_ROWS(2)
-GEMM_ROWS(1)
+
+#define GEMM_PANEL(NAME, T, LOAD)                                                                          \
+  GEMM_ROWS(NAME, T, LOAD, 6)                                                                              \
+  GEMM_ROWS(NAME, T, LOAD, 5)                                                                              \
+  GEMM_ROWS(NAME, T, LOAD, 4)                                                                              \
+  GEMM_ROWS(NAME, T, LOAD, 3)                                                                              \
+  GEMM_ROWS(NAME, T, LOAD, 2)                                                                              \
+  GEMM_ROWS(NAME, T, LOAD, 1)                                                                              \
+  static inline void NAME##_panel(const float *restrict x, size_t m, size_t ldx, size_t kb, const T *restrict w, \
+                                  float *restrict y, size_t ldy, int first) {                              \
+    size_t r = 0;                                                                                          \
+    for (; r + 6 <= m; r += 6) NAME##_rows6(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first);             \
+    switch (m - r) {                                                                                       \
+      case 5: NAME##_rows5(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;                       \
+      case 4: NAME##_rows4(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;                       \
+      case 3: NAME##_rows3(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;                       \
+      case 2: NAME##_rows2(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;                       \
+      case 1: NAME##_rows1(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;                       \
+      default: break;                                                                                      \
+    }                                                                                                      \
+  }
+
+GEMM_PANEL(gemm_bf16, uint16_t, dec_bf16)     /* the packed bf16 bits, decoded in the loop */
+GEMM_PANEL(gemm_f32, float, _mm256_load_ps)   /* a decoded f32 buffer (fp8, int8: below) */
 
 /* groups [first, first + count) of y's 16-channel column blocks, every row */
 static inline void bf16_gemm_groups(const float *restrict x, const uint16_t *restrict p, float *restrict y, size_t m,
                                     size_t k, size_t n, size_t first, size_t count) {
-  for (size_t b = first; b < first + count; b++) {
-    const uint16_t *pb = p + b * k * 16;
-    float *yb = y + b * 16;
-    size_t r = 0;
-    for (; r + 6 <= m; r += 6) gemm_bf16_rows6(x + r * k, k, pb, yb + r * n, n);
-    switch (m - r) {
-      case 5: gemm_bf16_rows5(x + r * k, k, pb, yb + r * n, n); break;
-      case 4: gemm_bf16_rows4(x + r * k, k, pb, yb + r * n, n); break;
-      case 3: gemm_bf16_rows3(x + r * k, k, pb, yb + r * n, n); break;
-      case 2: gemm_bf16_rows2(x + r * k, k, pb, yb + r * n, n); break;
-      case 1: gemm_bf16_rows1(x + r * k, k, pb, yb + r * n, n); break;
-      default: break;
-    }
-  }
+  for (size_t b = first; b < first + count; b++) gemm_bf16_panel(x, m, k, k, p + b * k * 16, y + b * 16, n, 1);
 }
 
 /* ---- many-row products over fp8 and int8 groups: decoded a K block at a time ----
@@ -290,49 +298,6 @@ static inline void bf16_gemm_groups(const float *restrict x, const uint16_t *res
  * block runs over the buffer, adding to y after the first K block. */
 
 #define GEMM_KB 128
-
-#define GEMM_F32_ROWS(R)                                                                                        \
-  static inline void gemm_f32_rows##R(const float *restrict x, size_t ldx, size_t kb, const float *restrict w, \
-                                      float *restrict y, size_t ldy, int first) {                              \
-    __m256 a0[R], a1[R];                                                                                        \
-    _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                                       \
-      a0[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);                                       \
-      a1[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy + 8);                                   \
-    }                                                                                                           \
-    for (size_t i = 0; i < kb; i++) {                                                                           \
-      __m256 b0 = _mm256_load_ps(w + i * 16), b1 = _mm256_load_ps(w + i * 16 + 8);                              \
-      _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                                     \
-        __m256 a = _mm256_broadcast_ss(x + j * ldx + i);                                                        \
-        a0[j] = _mm256_fmadd_ps(a, b0, a0[j]);                                                                  \
-        a1[j] = _mm256_fmadd_ps(a, b1, a1[j]);                                                                  \
-      }                                                                                                         \
-    }                                                                                                           \
-    _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                                       \
-      _mm256_storeu_ps(y + j * ldy, a0[j]);                                                                     \
-      _mm256_storeu_ps(y + j * ldy + 8, a1[j]);                                                                 \
-    }                                                                                                           \
-  }
-GEMM_F32_ROWS(6)
-GEMM_F32_ROWS(5)
-GEMM_F32_ROWS(4)
-GEMM_F32_ROWS(3)
-GEMM_F32_ROWS(2)
-GEMM_F32_ROWS(1)
-
-/* y[:, 16 columns] (+)= x[:, k0 : k0 + kb] @ w[kb][16], every row of x (row stride ldx = K) */
-static inline void gemm_f32_panel(const float *restrict x, size_t m, size_t ldx, size_t kb, const float *restrict w,
-                                  float *restrict y, size_t ldy, int first) {
-  size_t r = 0;
-  for (; r + 6 <= m; r += 6) gemm_f32_rows6(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first);
-  switch (m - r) {
-    case 5: gemm_f32_rows5(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;
-    case 4: gemm_f32_rows4(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;
-    case 3: gemm_f32_rows3(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;
-    case 2: gemm_f32_rows2(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;
-    case 1: gemm_f32_rows1(x + r * ldx, ldx, kb, w, y + r * ldy, ldy, first); break;
-    default: break;
-  }
-}
 
 /* fp8: 32-channel group b -> two 16-wide panels per K block (fp8_store's transpose, split in halves) */
 static inline void fp8_gemm_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t m,

@@ -312,20 +312,10 @@ class LlamaPrefillChunk(nn.Module):
         rows = torch.arange(n - c, n)
         # query i (position n - c + i) sees keys 0..n - c + i: causal, aligned to the cache's end
         keep = (torch.arange(n).unsqueeze(0) <= rows.unsqueeze(1)) & (attention_mask != 0)
-        keep = keep[None, None]  # [1, 1, C, L]
-        out_cache = []
-        for i, layer in enumerate(m.model.layers):
-            attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
-            kc = cache[2 * i].index_copy(2, rows, k)
-            vc = cache[2 * i + 1].index_copy(2, rows, v)
-            out_cache += [kc, vc]
-            # slice_copy: see LlamaDecode
-            visible = lambda t: torch.ops.aten.slice_copy.Tensor(t, 2, 0, n)
-            o = F.scaled_dot_product_attention(q, visible(kc), visible(vc), attn_mask=keep, enable_gqa=True)
-            h = h + attn.out(o)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return (head_logits(m, h[:, -1:, :]), *out_cache)
+        # decode's layers with C rows (slice_copy: see LlamaDecode); the bool mask [1, 1, C, L] in place of its bias
+        logits, out_cache = decode_layers(m, h, cos, sin, keep[None, None], rows, cache,
+                                          lambda t: torch.ops.aten.slice_copy.Tensor(t, 2, 0, n))
+        return (logits, *out_cache)
 
 
 class LlamaDecode(nn.Module):
@@ -356,10 +346,11 @@ class LlamaDecode(nn.Module):
 
 
 def decode_layers(m: "Llama", h, cos, sin, bias, row, cache, visible):
-    """One token through every layer: K/V written at cache row `row`, attention over `visible(cache)`
-    with the additive `bias`; returns (logits, the cache). Plain SDPA: GPU targets fuse it; on llvm-cpu
-    the decompose-attention pass writes one-query-row attention as f32 multiply + sum without
-    expanding the cache (passes/decompose_attention.py)."""
+    """New tokens (one for a decode step, C for a prefill chunk) through every layer: K/V written at cache
+    rows `row`, attention over `visible(cache)` with the mask `bias` (additive, or bool: True = attend);
+    returns (the last position's logits, the cache). Plain SDPA: GPU targets fuse it; on llvm-cpu the
+    decompose-attention pass writes one-query-row attention as f32 multiply + sum without expanding
+    the cache, and a chunk's bool-masked rows in its "masked" form (passes/decompose_attention.py)."""
     out_cache = []
     for i, layer in enumerate(m.model.layers):
         attn = layer.self_attn
@@ -370,7 +361,7 @@ def decode_layers(m: "Llama", h, cos, sin, bias, row, cache, visible):
         o = F.scaled_dot_product_attention(q, visible(kc), visible(vc), attn_mask=bias, enable_gqa=True)
         h = h + attn.out(o)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return head_logits(m, h), out_cache
+    return head_logits(m, h if h.shape[1] == 1 else h[:, -1:, :]), out_cache
 
 
 class LlamaDecodeStatic(nn.Module):
