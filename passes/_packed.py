@@ -157,11 +157,13 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
 
     uses, chain = _transposed_uses(node)
     for wt, product in uses:
-        x = _one_row_input(product, wt, k)
-        many = x is None
+        x, m = _static_rows_input(product, wt, k)
+        many = m >= 2
+        if m == 0:
+            continue
         if many:  # a fixed number of rows: the many-row kernel, where there is one for this kind and group count
-            x = _fixed_rows_input(product, wt, k) if kernel in GEMM_OPS and (npad // group) % GEMM_GROUP_MULTIPLE.get(kernel, 1) == 0 else None
-            if x is None or x.meta["val"].dtype != torch.float32:
+            if (kernel not in GEMM_OPS or (npad // group) % GEMM_GROUP_MULTIPLE.get(kernel, 1)
+                    or x.meta["val"].dtype != torch.float32):
                 continue
         with graph.inserting_before(product):
             fake_x = x.meta.get("val")
@@ -285,34 +287,20 @@ def _is_transpose(node) -> bool:
         node.target == _aten.t.default or (node.target == _aten.permute.default and list(node.args[1]) == [1, 0]))
 
 
-def _one_row_input(product, weight_t, k):
-    """x of `mm(x, weight_t)` / `addmm(b, x, weight_t)` (default alpha and beta) when x is [1, K]."""
+def _static_rows_input(product, weight_t, k) -> tuple[object, int]:
+    """(x, M) of `mm(x, weight_t)` / `addmm(b, x, weight_t)` (default alpha and beta) when x is [M, K] with
+    a static M; (None, 0) otherwise. A symbolic row count (prefill's sequence) is not compared: that
+    would add a guard to the program."""
     if product.target == _aten.mm.default and product.args[1] is weight_t:
         x = product.args[0]
     elif product.target == _aten.addmm.default and product.args[2] is weight_t and not product.kwargs:
         x = product.args[1]
     else:
-        return None
+        return None, 0
     val = x.meta.get("val") if hasattr(x, "meta") else None
-    # A symbolic row count (prefill's sequence) is not compared: that would add a guard to the program.
-    if val is None or val.dim() != 2 or any(isinstance(d, torch.SymInt) for d in val.shape) or tuple(val.shape) != (1, k):
-        return None
-    return x
-
-
-def _fixed_rows_input(product, weight_t, k):
-    """x of `mm(x, weight_t)` / `addmm(b, x, weight_t)` (default alpha and beta) when x is [M, K] with a
-    static M >= 2 (a prefill chunk or bucket; a symbolic M is left alone, as in _one_row_input)."""
-    if product.target == _aten.mm.default and product.args[1] is weight_t:
-        x = product.args[0]
-    elif product.target == _aten.addmm.default and product.args[2] is weight_t and not product.kwargs:
-        x = product.args[1]
-    else:
-        return None
-    val = x.meta.get("val") if hasattr(x, "meta") else None
-    if val is None or val.dim() != 2 or any(isinstance(d, torch.SymInt) for d in val.shape) or val.shape[1] != k or val.shape[0] < 2:
-        return None
-    return x
+    if val is None or val.dim() != 2 or any(isinstance(d, torch.SymInt) for d in val.shape) or val.shape[1] != k:
+        return None, 0
+    return x, int(val.shape[0])
 
 
 # Ops a weight reaches a matrix product through, and the products themselves.
