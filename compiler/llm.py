@@ -62,6 +62,13 @@ GPU_PREFILL_BUCKETS = (128, 512, 2048)
 MIN_FILL = {"gpu": 0.0, "cpu": 0.8}
 
 
+def _aggressive_fusion(target) -> bool:
+    """Whether the target's IREE flags turn on aggressive fusion (the flag's last value wins; LLVM reads a
+    bare flag as true and takes true/True/TRUE/1), under which IREE 3.13 fails on a static-length prefill."""
+    fusion = [f.partition("=")[2] or "true" for f in target.iree_flags if f.startswith("--iree-dispatch-creation-enable-aggressive-fusion")]
+    return bool(fusion) and fusion[-1].lower() in ("true", "1")
+
+
 def resolve_buckets(spec, target, max_seq_len: int, tensor_parallel: int) -> tuple[int, ...]:
     """The bucket sizes to export for `spec` (anything targets.parse_buckets takes) on this target."""
     spec = parse_buckets(spec)
@@ -79,9 +86,7 @@ def resolve_buckets(spec, target, max_seq_len: int, tensor_parallel: int) -> tup
     if spec and tensor_parallel > 1:
         raise UsageError("--prefill-buckets: not available with --tensor-parallel yet; leave it out (the split module "
                          "prefills with its dynamic entry point)")
-    # the flag's last value wins; LLVM reads a bare flag as true and takes true/True/TRUE/1
-    fusion = [f.partition("=")[2] or "true" for f in target.iree_flags if f.startswith("--iree-dispatch-creation-enable-aggressive-fusion")]
-    if spec and target.name == "cpu" and fusion and fusion[-1].lower() in ("true", "1"):
+    if spec and target.name == "cpu" and _aggressive_fusion(target):
         # IREE 3.13 with aggressive fusion, tiny Llama, bucket 128, f32 and bf16 alike: the V projection's unpack is stored
         # (the cache rows) and broadcast in one dispatch, and its codegen fails: "'iree_linalg_ext.map_store' op write
         # affecting operations on global resources are restricted to workgroup distributed contexts".
@@ -104,8 +109,7 @@ def resolve_chunk(spec, target, max_seq_len: int, tensor_parallel: int) -> int:
     """The prefill chunk's size for --prefill-chunk `spec` (anything targets.parse_chunk takes) on this
     target; 0: none."""
     spec = parse_chunk(spec)
-    fusion = [f.partition("=")[2] or "true" for f in target.iree_flags if f.startswith("--iree-dispatch-creation-enable-aggressive-fusion")]
-    fused = bool(fusion) and fusion[-1].lower() in ("true", "1")
+    fused = _aggressive_fusion(target)
     if spec == "auto":
         ok = target.name == "cpu" and tensor_parallel == 1 and not fused and max_seq_len >= 2 * CPU_PREFILL_CHUNK
         if ok and target.dtype in ukernels.KINDS:

@@ -736,10 +736,8 @@ def parse_chunk(spec):
         t = spec.strip().lower()
         if t in ("auto", "none", ""):
             return "auto" if t == "auto" else 0
-    if isinstance(spec, bool):
-        spec = str(spec)
     try:
-        n = int(spec) if spec is not None else 0
+        n = -1 if isinstance(spec, bool) else int(spec) if spec is not None else 0
     except (TypeError, ValueError):
         n = -1
     if n != 0 and n < 2:

@@ -249,19 +249,36 @@ def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
     return -(-per // step) * step
 
 
-def _definition(indent: str, name: str, kind: str, groups: int, k: int) -> str:
+def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int | None = None) -> str:
+    """The body of a declared kernel function: a flow.dispatch of @matvec_<kind> (m None: x [1, K]) or
+    @gemm_<kind> (x [m, K], m passed to the C function too)."""
     elem, group = KINDS[kind]
-    tx, tp, ty = f"tensor<1x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<1x{groups * group}xf32>"
+    rows = 1 if m is None else m
+    tx, tp, ty = f"tensor<{rows}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{rows}x{groups * group}xf32>"
+    per = groups_per_workgroup(kind, groups, k) if m is None else gemm_groups_per_workgroup(kind, groups)
+    op, sizes = ("matvec", ["%k", "%g", "%per"]) if m is None else ("gemm", ["%m", "%k", "%g", "%per"])
     lines = [
         f"func.func private @{name}(%x: {tx}, %p: {tp}) -> {ty} {{",
+        *([f"  %m = arith.constant {m} : index"] if m is not None else []),
         f"  %k = arith.constant {k} : index",
         f"  %g = arith.constant {groups} : index",
-        f"  %per = arith.constant {groups_per_workgroup(kind, groups, k)} : index",
-        f"  %y = flow.dispatch @{EXECUTABLE}::@matvec_{kind}[%g, %per](%x, %p, %k, %g, %per) : ({tx}, {tp}, index, index, index) -> {ty}",
+        f"  %per = arith.constant {per} : index",
+        f"  %y = flow.dispatch @{EXECUTABLE}::@{op}_{kind}[%g, %per](%x, %p, {', '.join(sizes)}) : "
+        f"({tx}, {tp}, {', '.join(['index'] * len(sizes))}) -> {ty}",
         f"  return %y : {ty}",
         "}",
     ]
     return "\n".join(indent + line for line in lines)
+
+
+def _export(function: str) -> str:
+    """An executable export whose workgroup count is ceil(groups / per), one dimension (every kernel's)."""
+    return f"""\
+  stream.executable.export public @{function} workgroups(%g: index, %per: index) -> (index, index, index) {{
+    %c1 = arith.constant 1 : index
+    %n = affine.apply affine_map<()[s0, s1] -> (s0 ceildiv s1)>()[%g, %per]
+    stream.return %n, %c1, %c1 : index, index, index
+  }}"""
 
 
 def gemm_groups_per_workgroup(kind: str, groups: int) -> int:
@@ -273,30 +290,9 @@ def gemm_groups_per_workgroup(kind: str, groups: int) -> int:
     return -(-per // step) * step
 
 
-def _gemm_definition(indent: str, name: str, kind: str, m: int, groups: int, k: int) -> str:
-    elem, group = KINDS[kind]
-    tx, tp, ty = f"tensor<{m}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{m}x{groups * group}xf32>"
-    lines = [
-        f"func.func private @{name}(%x: {tx}, %p: {tp}) -> {ty} {{",
-        f"  %m = arith.constant {m} : index",
-        f"  %k = arith.constant {k} : index",
-        f"  %g = arith.constant {groups} : index",
-        f"  %per = arith.constant {gemm_groups_per_workgroup(kind, groups)} : index",
-        f"  %y = flow.dispatch @{EXECUTABLE}::@gemm_{kind}[%g, %per](%x, %p, %m, %k, %g, %per) : ({tx}, {tp}, index, index, index, index) -> {ty}",
-        f"  return %y : {ty}",
-        "}",
-    ]
-    return "\n".join(indent + line for line in lines)
-
-
 def _gemm_executable_parts(kind: str) -> tuple[str, str]:
     elem, group = KINDS[kind]
-    export = f"""\
-  stream.executable.export public @gemm_{kind} workgroups(%g: index, %per: index) -> (index, index, index) {{
-    %c1 = arith.constant 1 : index
-    %n = affine.apply affine_map<()[s0, s1] -> (s0 ceildiv s1)>()[%g, %per]
-    stream.return %n, %c1, %c1 : index, index, index
-  }}"""
+    export = _export(f"gemm_{kind}")
     func = f"""\
     func.func private @llmc_gemm_{kind}(memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index, index) attributes {{hal.import.static}}
     func.func @gemm_{kind}(%bx: !stream.binding, %bp: !stream.binding, %by: !stream.binding, %m: index, %k: index, %g: index, %per: index) {{
@@ -322,12 +318,7 @@ def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = ()) -> str:
         funcs.append(func)
     for kind in kinds:
         elem, group = KINDS[kind]
-        exports.append(f"""\
-  stream.executable.export public @matvec_{kind} workgroups(%g: index, %per: index) -> (index, index, index) {{
-    %c1 = arith.constant 1 : index
-    %n = affine.apply affine_map<()[s0, s1] -> (s0 ceildiv s1)>()[%g, %per]
-    stream.return %n, %c1, %c1 : index, index, index
-  }}""")
+        exports.append(_export(f"matvec_{kind}"))
         funcs.append(f"""\
     func.func private @llmc_matvec_{kind}(memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index) attributes {{hal.import.static}}
     func.func @matvec_{kind}(%bx: !stream.binding, %bp: !stream.binding, %by: !stream.binding, %k: index, %g: index, %per: index) {{
@@ -363,8 +354,8 @@ def link(mlir: str) -> str:
     if not found and not found_gemm:
         return mlir
     out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5))), mlir)
-    out = _GEMM_DECL.sub(lambda m: _gemm_definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5)),
-                                                    int(m.group(6))), out)
+    out = _GEMM_DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(5)), int(m.group(6)),
+                                               m=int(m.group(4))), out)
     end = out.rstrip().rfind("}")  # the module's own closing brace: the executable goes inside it
     return out[:end] + _executable(build_object(), sorted({m.group(3) for m in found}),
                                    sorted({m.group(3) for m in found_gemm})) + "\n" + out[end:]

@@ -110,6 +110,16 @@ def pytest_runtest_logreport(report):
             f.write(f"{report.duration:.2f}\t{report.when}\t{report.nodeid}\n")
 
 
+def hf_greedy(model, prompt, n):
+    """transformers' greedy continuation of `prompt` (token ids) by n tokens, EOS ignored: the reference
+    llmc's generate() is checked against."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
 def main_in_process(main, *args):
     """`main(ARGS)` of a command-line entry point (llmc's cli.main, a tool's main) run in this process:
     exit code, stdout and stderr as a subprocess.CompletedProcess. For lists of error cases and for

@@ -62,14 +62,33 @@ def test_eager_op_is_the_product_with_the_decoded_weight(kind):
     _assert_within_summation_error(got, x, kind, codes)
 
 
-def _module(kind: str, groups: int, k: int) -> str:
+def _module(kind: str, groups: int, k: int, m: int | None = None) -> str:
+    """A module whose main calls the declared kernel function llmc's import makes: the matvec (m None,
+    x [1, K]) or the many-row kernel (x [m, K])."""
     elem, group = ukernels.KINDS[kind]
-    name = ukernels.declaration_name(kind, groups, k)
-    tx, tp, ty = f"tensor<1x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<1x{groups * group}xf32>"
+    rows = 1 if m is None else m
+    name = ukernels.declaration_name(kind, groups, k) if m is None else ukernels.gemm_declaration_name(kind, m, groups, k)
+    tx, tp, ty = f"tensor<{rows}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{rows}x{groups * group}xf32>"
     return (f"module {{\n  func.func private @{name}({tx}, {tp}) -> {ty}\n"
             f"  func.func @main(%x: {tx}, %p: {tp}) -> {ty} {{\n"
             f"    %y = func.call @{name}(%x, %p) : ({tx}, {tp}) -> {ty}\n"
             f"    return %y : {ty}\n  }}\n}}\n")
+
+
+def _run_linked(tmp_path, text: str, x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Compile the linked module for x86-64-v3 and run main(x, p) with iree-run-module."""
+    src, vmfb = tmp_path / "m.mlir", tmp_path / "m.vmfb"
+    src.write_text(text)
+    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=x86-64-v3"]
+    subprocess.run([iree_compile_path(), str(src), *flags, "-o", str(vmfb)], check=True, capture_output=True, text=True)
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "p.npy", p.numpy())
+    run = subprocess.run([str(Path(sys.executable).parent / "iree-run-module"), f"--module={vmfb}",
+                          "--device=local-task", "--function=main", f"--input=@{tmp_path / 'x.npy'}",
+                          f"--input=@{tmp_path / 'p.npy'}", f"--output=@{tmp_path / 'y.npy'}"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return torch.from_numpy(np.load(tmp_path / "y.npy"))
 
 
 # groups x K: 8 groups (the 4- and 2-group loops only), 7 and 3 groups (the one-group tail), odd K (the last-k tail)
@@ -78,21 +97,10 @@ def _module(kind: str, groups: int, k: int) -> str:
 def test_compiled_kernel_matches_torch(tmp_path, kind, groups, k):
     text = ukernels.link(_module(kind, groups, k))
     assert f"flow.dispatch @{ukernels.EXECUTABLE}::@matvec_{kind}" in text
-    src, vmfb = tmp_path / "m.mlir", tmp_path / "m.vmfb"
-    src.write_text(text)
-    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=x86-64-v3"]
-    subprocess.run([iree_compile_path(), str(src), *flags, "-o", str(vmfb)], check=True, capture_output=True, text=True)
     group = GROUP[kind]
     codes = _codes(kind, groups * group, k, 3)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(4))
-    np.save(tmp_path / "x.npy", x.numpy())
-    np.save(tmp_path / "p.npy", _packed.pack(codes, group).numpy())
-    run = subprocess.run([str(Path(sys.executable).parent / "iree-run-module"), f"--module={vmfb}",
-                          "--device=local-task", "--function=main", f"--input=@{tmp_path / 'x.npy'}",
-                          f"--input=@{tmp_path / 'p.npy'}", f"--output=@{tmp_path / 'y.npy'}"],
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    got = torch.from_numpy(np.load(tmp_path / "y.npy"))
+    got = _run_linked(tmp_path, text, x, _packed.pack(codes, group))
     _assert_within_summation_error(got, x, kind, codes)
 
 
@@ -123,39 +131,18 @@ def test_eager_gemm_op_is_the_product_with_the_decoded_weight(kind):
         _assert_within_summation_error(got[row:row + 1], x[row:row + 1], kind, codes)
 
 
-def _gemm_module(kind: str, m: int, groups: int, k: int) -> str:
-    elem, group = ukernels.KINDS[kind]
-    name = ukernels.gemm_declaration_name(kind, m, groups, k)
-    tx, tp, ty = f"tensor<{m}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{m}x{groups * group}xf32>"
-    return (f"module {{\n  func.func private @{name}({tx}, {tp}) -> {ty}\n"
-            f"  func.func @main(%x: {tx}, %p: {tp}) -> {ty} {{\n"
-            f"    %y = func.call @{name}(%x, %p) : ({tx}, {tp}) -> {ty}\n"
-            f"    return %y : {ty}\n  }}\n}}\n")
-
-
 # M x groups x K: whole 6-row blocks and every row tail (13 = 2 x 6 + 1, 11 = 6 + 5, 4), groups over several
 # workgroups (40 = 16 workgroups of up to 3; int8: of 4) and fewer than 16, K over several of the fp8/int8
 # loop's 128-row blocks with a partial last one (300), odd K
 @pytest.mark.parametrize("kind", ["fp8", "int8", "bf16"])
 @pytest.mark.parametrize("m, groups, k", [(13, 40, 64), (11, 4, 37), (4, 6, 300), (2, 2, 8)])
 def test_compiled_gemm_kernel_matches_torch(tmp_path, kind, m, groups, k):
-    text = ukernels.link(_gemm_module(kind, m, groups, k))
+    text = ukernels.link(_module(kind, groups, k, m))
     assert f"flow.dispatch @{ukernels.EXECUTABLE}::@gemm_{kind}" in text
-    src, vmfb = tmp_path / "m.mlir", tmp_path / "m.vmfb"
-    src.write_text(text)
-    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=x86-64-v3"]
-    subprocess.run([iree_compile_path(), str(src), *flags, "-o", str(vmfb)], check=True, capture_output=True, text=True)
     group = GROUP[kind]
     codes = _codes(kind, groups * group, k, 7)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(8))
-    np.save(tmp_path / "x.npy", x.numpy())
-    np.save(tmp_path / "p.npy", _packed.pack(codes, group).numpy())
-    run = subprocess.run([str(Path(sys.executable).parent / "iree-run-module"), f"--module={vmfb}",
-                          "--device=local-task", "--function=main", f"--input=@{tmp_path / 'x.npy'}",
-                          f"--input=@{tmp_path / 'p.npy'}", f"--output=@{tmp_path / 'y.npy'}"],
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    got = torch.from_numpy(np.load(tmp_path / "y.npy"))
+    got = _run_linked(tmp_path, text, x, _packed.pack(codes, group))
     assert got.shape == (m, groups * group)
     for row in range(m):
         _assert_within_summation_error(got[row:row + 1], x[row:row + 1], kind, codes)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import llmc_in_process
+from conftest import hf_greedy, llmc_in_process
 import torch
 
 transformers = pytest.importorskip("transformers")
@@ -23,12 +23,6 @@ from llmc.tools.make_checkpoint import write_checkpoint  # noqa: E402
 
 MAX_SEQ = 64
 PROMPT = [1, 77, 300, 5, 42, 9, 256, 13]
-
-
-def _hf_greedy(model, prompt, n):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +66,7 @@ def test_greedy_32_tokens_equal_transformers_f32(checkpoints, compiled, fmt):
     _, _, hf = checkpoints
     mod = llmc.load(compiled[fmt])
     got = mod.generate(PROMPT, 32, stop_at_eos=False)
-    want = _hf_greedy(hf, PROMPT, 32)
+    want = hf_greedy(hf, PROMPT, 32)
     assert len(set(want)) > 3, "degenerate reference: pick another seed"
     assert got == want
 
@@ -122,7 +116,7 @@ def test_bf16_first_16_tokens_equal_eager_bf16(checkpoints, tmp_path):
     weights = sum(p.numel() for p in hf.parameters() if p.dim() == 2)
     assert art.params.stat().st_size < 2.2 * weights
     got = llmc.load(art).generate(PROMPT, 16, stop_at_eos=False)
-    want = _hf_greedy(hf.to(torch.bfloat16), PROMPT, 16)
+    want = hf_greedy(hf.to(torch.bfloat16), PROMPT, 16)
     hf.to(torch.float32)
     assert got == want
 

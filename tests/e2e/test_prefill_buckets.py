@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import llmc_in_process, vulkan_or_skip
+from conftest import hf_greedy, llmc_in_process, vulkan_or_skip
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,12 +38,6 @@ def _prompt(n, vocab):
     return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(100 + n)).tolist()
 
 
-def _hf_greedy(model, prompt, n):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 def test_manifest_records_the_buckets(setup):
     _, _, _, mod = setup
     llm = mod.manifest["llm"]
@@ -63,7 +57,7 @@ def test_generate_pads_into_the_bucket_and_matches_transformers(setup, n, entry)
     prompt = _prompt(n, config.vocab_size)
     got = mod.generate(prompt, 24, stop_at_eos=False)
     assert mod.last_generation.prefill_function == entry
-    want = _hf_greedy(hf, prompt, 24)
+    want = hf_greedy(hf, prompt, 24)
     assert len(set(want)) > 3, "degenerate reference: pick another seed"
     assert got == want
 
@@ -154,7 +148,7 @@ def test_vulkan_f32_bucket_matches_transformers_on_lavapipe(setup, tmp_path):
     prompt = _prompt(40, config.vocab_size)  # 40 of 64: a GPU pads any prompt that fits
     got = mod.generate(prompt, 16, stop_at_eos=False)
     assert mod.last_generation.prefill_function == "prefill_64"
-    assert got == _hf_greedy(hf, prompt, 16)
+    assert got == hf_greedy(hf, prompt, 16)
 
 
 def test_spirv_f16_buckets_are_refused(setup, tmp_path):

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import llmc_in_process
+from conftest import hf_greedy, llmc_in_process
 
 transformers = pytest.importorskip("transformers")
 
@@ -39,12 +39,6 @@ def setup(tmp_path_factory):
 
 def _prompt(n, vocab):
     return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(200 + n)).tolist()
-
-
-def _hf_greedy(model, prompt, n):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def test_eager_chunks_equal_one_prefill():
@@ -85,7 +79,7 @@ def test_generate_runs_the_chunks_and_matches_transformers(setup, n, entry):
     prompt = _prompt(n, config.vocab_size)
     got = mod.generate(prompt, 16, stop_at_eos=False)
     assert mod.last_generation.prefill_function == entry
-    want = _hf_greedy(hf, prompt, 16)
+    want = hf_greedy(hf, prompt, 16)
     assert len(set(want)) > 3, "degenerate reference: pick another seed"
     assert got == want
 
@@ -164,6 +158,10 @@ def test_cli_refuses_a_bad_chunk_before_reading_the_checkpoint(setup, tmp_path):
     r = llmc_in_process("compile", root / "hf", "--prefill-chunk", "x", "-o", tmp_path / "x.vmfb")
     assert r.returncode == 2 and "--prefill-chunk=x" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    # a refusal that needs the target (a GPU): exit 2, one line, before anything is exported or written
+    r = llmc_in_process("compile", root / "hf", "--target", "cuda", "--dtype", "f16", "--prefill-chunk", "16", "-o", tmp_path / "g.vmfb")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("llmc: error") and "--prefill-chunk: cpu only for now" in r.stderr
     with pytest.raises(UsageError, match="--prefill-chunk applies to Llama checkpoints"):
         llmc.compile(torch.nn.Linear(4, 4), (torch.zeros(1, 4),), output=tmp_path / "lin.vmfb", prefill_chunk=16)
     assert not list(tmp_path.iterdir())
