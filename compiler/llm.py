@@ -49,6 +49,7 @@ from llmc.errors import ExportError, UsageError
 from llmc.models.llama.config import LlamaConfig
 from llmc.models.llama import tensor_parallel as tensor_parallel_llama
 from llmc.models.llama.model import Llama, LlamaDecode, LlamaDecodeStatic, LlamaPrefill, LlamaPrefillBucket, LlamaPrefillChunk, new_cache
+from llmc.passes.f32_gemm_weights import FIXED_ROWS_OPTION
 
 DEFAULT_MAX_SEQ_LEN = 4096
 
@@ -401,6 +402,8 @@ def compile_llm(model, opts: lower.CompileOptions):
     buckets = resolve_buckets(opts.prefill_buckets, target, max_seq_len, n)
     static = resolve_static_decode(opts.static_decode, n)
     chunk = resolve_chunk(opts.prefill_chunk, target, max_seq_len, n)
+    if buckets or chunk:  # entry points with a fixed row count: passes/f32_gemm_weights.py stores f32 weights for their kernel
+        target = dataclasses.replace(target, pass_options=(*target.pass_options, (FIXED_ROWS_OPTION, True)))
     with phases.phase("export"):
         entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target), tensor_parallel=n,
                              prefill_buckets=buckets, static_decode=static, prefill_chunk=chunk)

@@ -27,6 +27,7 @@ from llmc.errors import PassError
 from llmc.passes._base import REGISTRY, DecompositionPass, PassContext
 from llmc.passes._base import PassError as _PassRefusal
 from llmc.passes._packed import KERNEL_OPTION
+from llmc.passes.f32_gemm_weights import FIXED_ROWS_OPTION
 
 log = logging.getLogger("llmc.pipeline")
 
@@ -58,6 +59,7 @@ GRAPH_PASSES: list[str] = [
     "bf16-weights",  # SPIR-V and cpu bf16: weights stored as int16 bits, widened with integer ops; f32 math
     "fp8-weights",  # --dtype fp8: linear weights as E4M3 bytes + per-channel scales, decoded where used
     "int8-weights",  # --dtype int8: linear weights as int8 + per-channel scales (fp8-weights' body), converted where used
+    "f32-gemm-weights",  # cpu f32 with a prefill chunk or buckets: linear weights in 16-channel panels for llmc's C GEMM
     "bf16-outputs",  # cpu bf16 (f32 math): untied f32 outputs returned in bf16, as eager bf16 returns them
 ]
 IR_PASSES: list[str] = [
@@ -106,11 +108,12 @@ def build(target, options: dict | None = None, only: list[str] | None = None) ->
     opts = {**dict(getattr(target, "pass_options", ())), **dict(options or {})}
     from llmc.compiler import ukernels
 
-    if KERNEL_OPTION not in opts and getattr(target, "dtype", None) in ukernels.KINDS:
-        why_not = ukernels.unavailable(target)
+    dtype = getattr(target, "dtype", None)
+    if KERNEL_OPTION not in opts and (dtype in ukernels.KINDS or (dtype == "f32" and opts.get(FIXED_ROWS_OPTION))):
+        why_not = ukernels.unavailable(target) if dtype in ukernels.KINDS else ukernels.f32_gemm_unavailable(target)
         if why_not:
             (log.warning if why_not.startswith(ukernels.NO_COMPILER) else log.info)(
-                "cpu matvec kernels not used (decode steps slower): %s", why_not)
+                "cpu C kernels not used (decode steps and prefill chunks slower): %s", why_not)
         opts[KERNEL_OPTION] = why_not is None
     ctx = PassContext(target=target, dtype=target.dtype, options=opts, scratch=Scratch())
     phases = {"source": [], "graph": [], "ir": []}

@@ -1,6 +1,7 @@
 """Hand-written cpu kernels for the one-row products over packed narrow weights (decode steps), and
 for the fixed many-row products over them (prefill chunks and buckets: `llmc::gemm_<kind>`, the same
-two steps below with x [M, K], one workgroup per run of groups, every row).
+two steps below with x [M, K], one workgroup per run of groups, every row; kind f32 too: f32 weights
+stored in the same 16-channel panels by passes/f32_gemm_weights.py, `f32_gemm_unavailable` says where).
 
 What: on llvm-cpu for x86-64 CPUs with AVX2 + FMA, every one-row product over a packed fp8, int8 or
 bf16 weight (passes/_packed.py: `x[1, K] @ w.T` with w stored as P[N/G, K, G]) runs as
@@ -50,9 +51,11 @@ SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
 # The ops the graph passes emit, as torch-mlir imports them (`torch.operator "torch.llmc.matvec_fp8"`).
 OPERATOR_PREFIX = "torch.llmc.matvec_"
 GEMM_PREFIX = "torch.llmc.gemm_"  # many-row products (llmc::gemm_<kind>, a fixed M: prefill chunks and buckets)
-GEMM_KINDS = ("bf16", "fp8", "int8")
 # kind -> (element type of the packed codes, output channels per group G: the passes pack that way)
 KINDS = {kind: (elem, KERNEL_GROUPS[kind]) for kind, elem in (("fp8", "i8"), ("int8", "i8"), ("bf16", "i16"))}
+# The many-row kernels: the narrow kinds, and f32 weights stored packed (passes/f32_gemm_weights.py)
+GEMM_LAYOUTS = {**KINDS, "f32": ("f32", KERNEL_GROUPS["f32"])}
+GEMM_KINDS = tuple(GEMM_LAYOUTS)
 # Weight bytes one workgroup reads: large enough that IREE's per-workgroup cost is small against its
 # streaming, small enough that a layer has several per thread. Measured on small-125m fp8 decode at 2
 # threads: 24, 128, 512 KiB -> 6.2, 5.5-5.7, 6.0 ms a step; the same at 1 thread (docs/targets.md).
@@ -63,7 +66,7 @@ DECL_PREFIX = "__llmc_matvec_"
 GEMM_DECL_PREFIX = "__llmc_gemm_"
 GEMM_MIN_WORKGROUPS = 16  # column blocks spread over at least this many workgroups (threads share them)
 NO_COMPILER = "no C compiler"  # starts the reasons worth a warning: the target could have the kernels
-ENV = "LLMC_CPU_KERNELS"  # "off": keep IREE's generated loop (A/B runs, a suspected kernel bug)
+ENV = "LLMC_CPU_KERNELS"  # "off": keep IREE's generated loop (A/B runs, a suspected kernel bug); "all": the f32 GEMM with AVX-512 too
 _FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protector",
           "-fno-asynchronous-unwind-tables", "-fno-exceptions", "-c")
 
@@ -101,6 +104,21 @@ def unavailable(target) -> str | None:
     except CompileError as e:
         return f"{NO_COMPILER} that works: {e}"
     return None
+
+
+def f32_gemm_unavailable(target) -> str | None:
+    """Why `target` gets no f32 many-row kernel (passes/f32_gemm_weights.py), or None when it does: the
+    kernels' own conditions, and a CPU without AVX-512 among the module's. IREE's AVX-512 matmul (16 x 16
+    tiles) ran as fast as the AVX2 6 x 16 block on Zen 4 (small-125m f32 prefill 211.6 vs 213.3 ms) and has
+    twice its vector width where a core has two 512-bit FMA units; with AVX2 it uses 8 x 8 tiles, which
+    the block beats by 1.21x (docs/targets.md "Prefill kernels")."""
+    from llmc.compiler import targets
+
+    why_not = unavailable(target)
+    if why_not is None and os.environ.get(ENV, "").strip().lower() != "all" and all(
+            "avx512f" in targets.llvm_cpu_features(cpu)[1] for cpu in targets.cpu_variants(target.arch)):
+        return f"--arch {target.arch}: every CPU has AVX-512, where IREE's own f32 matmul is as fast"
+    return why_not
 
 
 def _cache_dirs() -> list[Path]:
@@ -191,7 +209,8 @@ def lower_calls(module) -> int:
             op_name = ir.StringAttr(op.attributes["name"]).value
             gemm = op_name.startswith(GEMM_PREFIX)
             kind = op_name[len(GEMM_PREFIX if gemm else OPERATOR_PREFIX):].split(".")[0]
-            elem, group = KINDS[kind]
+            elem, group = (GEMM_LAYOUTS if gemm else KINDS)[kind]
+            torch_elem = elem if elem.startswith("f") else "s" + elem  # the vtensor's element type
             x, p = op.operands
             xs, ps = vtensor_dims(str(x.type)), vtensor_dims(str(p.type))
             groups, k = (int(d) if d.isdigit() else -1 for d in ps[0][:2])
@@ -199,15 +218,15 @@ def lower_calls(module) -> int:
                 # x [M, K] f32 with M fixed, codes [G, K, group] (static)
                 m = int(xs[0][0]) if len(xs[0]) == 2 and xs[0][0].isdigit() else -1
                 if (kind not in GEMM_KINDS or groups < 1 or m < 1 or groups % GEMM_GROUP_MULTIPLE.get(kind, 1)
-                        or (xs, ps[0][2], ps[1]) != (([str(m), str(k)], "f32"), str(group), "s" + elem)):
-                    raise CompileError(f"llmc::gemm_{kind} takes x [M, K] f32 (M fixed) and s{elem} codes [N/{group}, K, {group}], "
+                        or (xs, ps[0][2], ps[1]) != (([str(m), str(k)], "f32"), str(group), torch_elem)):
+                    raise CompileError(f"llmc::gemm_{kind} takes x [M, K] f32 (M fixed) and {torch_elem} codes [N/{group}, K, {group}], "
                                        f"static; got {x.type} and {p.type}")
                 name = gemm_declaration_name(kind, m, groups, k)
             else:
                 m = 1
                 # the kernel's only form: x [1, K] f32, codes [G, K, group] (static)
-                if groups < 1 or (xs, ps[0][2], ps[1]) != ((["1", str(k)], "f32"), str(group), "s" + elem):
-                    raise CompileError(f"llmc::matvec_{kind} takes x [1, K] f32 and s{elem} codes [N/{group}, K, {group}], static; "
+                if groups < 1 or (xs, ps[0][2], ps[1]) != ((["1", str(k)], "f32"), str(group), torch_elem):
+                    raise CompileError(f"llmc::matvec_{kind} takes x [1, K] f32 and {torch_elem} codes [N/{group}, K, {group}], static; "
                                        f"got {x.type} and {p.type}")
                 name = declaration_name(kind, groups, k)
             t_x = ir.Type.parse(f"tensor<{m}x{k}xf32>")
@@ -252,7 +271,7 @@ def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
 def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int | None = None) -> str:
     """The body of a declared kernel function: a flow.dispatch of @matvec_<kind> (m None: x [1, K]) or
     @gemm_<kind> (x [m, K], m passed to the C function too)."""
-    elem, group = KINDS[kind]
+    elem, group = (KINDS if m is None else GEMM_LAYOUTS)[kind]
     rows = 1 if m is None else m
     tx, tp, ty = f"tensor<{rows}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{rows}x{groups * group}xf32>"
     per = groups_per_workgroup(kind, groups, k) if m is None else gemm_groups_per_workgroup(kind, groups)
@@ -291,7 +310,7 @@ def gemm_groups_per_workgroup(kind: str, groups: int) -> int:
 
 
 def _gemm_executable_parts(kind: str) -> tuple[str, str]:
-    elem, group = KINDS[kind]
+    elem, group = GEMM_LAYOUTS[kind]
     export = _export(f"gemm_{kind}")
     func = f"""\
     func.func private @llmc_gemm_{kind}(memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index, index) attributes {{hal.import.static}}

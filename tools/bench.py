@@ -71,8 +71,8 @@ def parse(argv=None) -> argparse.Namespace:
                     help="also build every dtype with this --prefill-chunk (llmc compile; e.g. none, against the default "
                          "auto) and time both builds in the same run")
     ap.add_argument("--kernels", default="on", choices=("on", "off", "both"),
-                    help="cpu matvec kernels for fp8/int8/bf16 weights (compiler/ukernels.py; off = LLMC_CPU_KERNELS=off), "
-                         "or both: each such dtype built with and without them, timed in the same run")
+                    help="llmc's cpu C kernels (compiler/ukernels.py: fp8/int8/bf16 decode and prefill chunks, f32 prefill chunks; "
+                         "off = LLMC_CPU_KERNELS=off), or both: each such dtype built with and without them, timed in the same run")
     ap.add_argument("--out", type=Path, default=Path("out/bench"))
     ap.add_argument("--keep", action="store_true",
                     help="reuse an artifact already in --out (DTYPE.vmfb with its .irpa and .json) instead of compiling it")
@@ -271,7 +271,7 @@ def plan_builds(args) -> list[tuple[str, str, str, str, dict, bool]]:
         for arch in archs:
             for buckets in ([None, args.prefill_buckets] if args.prefill_buckets else [None]):
                 for chunk in ([None, args.prefill_chunk] if args.prefill_chunk else [None]):
-                    for kern in (KERNEL_CHOICES[args.kernels] if d in ukernels.KINDS else (True,)):
+                    for kern in (KERNEL_CHOICES[args.kernels] if d in ukernels.GEMM_KINDS else (True,)):
                         key = d if len(archs) == 1 else f"{d} [{arch}]"
                         stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
                         options = {"prefill_buckets": buckets or "auto", "prefill_chunk": chunk or "auto"}

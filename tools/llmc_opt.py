@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="cpu", help="target whose capabilities the passes see (planned targets allowed)")
     p.add_argument("--arch", default=None)
     p.add_argument("--dtype", default="f32")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a pass option (ctx.options; VALUE read as JSON, else as a string), e.g. fixed_row_products=true: "
+                        "what `llmc compile` sets for an LLM with a prefill chunk or buckets (repeatable)")
     p.add_argument("--stats", action="store_true", help="print the passes' match counts (JSON) on stderr")
     p.add_argument("--list", action="store_true", help="list the registered passes")
     p.add_argument("-o", "--output", default=None, help="write the IR here instead of stdout")
@@ -52,8 +55,17 @@ def run(args) -> int:
     unknown = [n for n in args.passes if n not in REGISTRY]
     if unknown:
         raise UsageError(f"--pass {unknown[0]}: no such pass; `llmc-opt --list` shows them ({', '.join(sorted(REGISTRY))})")
+    options = {}
+    for item in args.option:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--option {item}: give KEY=VALUE (e.g. fixed_row_products=true)")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
     target = targets.resolve(args.target, args.arch, args.dtype, allow_planned=True)
-    plan = pipeline.build(target, only=None if args.pipeline else args.passes)
+    plan = pipeline.build(target, options, only=None if args.pipeline else args.passes)
     if path.suffix == ".mlir":
         wrong = [] if args.pipeline else plan.source + plan.graph
         if wrong:

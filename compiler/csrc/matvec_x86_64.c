@@ -1,5 +1,5 @@
 /* One-row products over llmc's packed narrow weights, for llvm-cpu on x86-64 with AVX2 + FMA (and
- * many-row products: llmc_gemm_bf16, _fp8, _int8, below).
+ * many-row products: llmc_gemm_bf16, _fp8, _int8, and _f32 over f32 weights stored packed, below).
  *
  * Linked into IREE executables as an object file (compiler/ukernels.py builds it with the system C
  * compiler and rewrites each `llmc.matvec_*` op into a dispatch that calls it). A decode step's
@@ -283,11 +283,18 @@ static inline void bf16_groups(const float *restrict x, const uint16_t *restrict
 
 GEMM_PANEL(gemm_bf16, uint16_t, dec_bf16)     /* the packed bf16 bits, decoded in the loop */
 GEMM_PANEL(gemm_f32, float, _mm256_load_ps)   /* a decoded f32 buffer (fp8, int8: below) */
+GEMM_PANEL(gemm_f32w, float, _mm256_loadu_ps) /* f32 weights packed in the .irpa (llmc_gemm_f32) */
 
 /* groups [first, first + count) of y's 16-channel column blocks, every row */
 static inline void bf16_gemm_groups(const float *restrict x, const uint16_t *restrict p, float *restrict y, size_t m,
                                     size_t k, size_t n, size_t first, size_t count) {
   for (size_t b = first; b < first + count; b++) gemm_bf16_panel(x, m, k, k, p + b * k * 16, y + b * 16, n, 1);
+}
+
+/* f32 weights stored packed (passes/f32_gemm_weights.py): the panels are the weight itself */
+static inline void f32_gemm_groups(const float *restrict x, const float *restrict p, float *restrict y, size_t m,
+                                   size_t k, size_t n, size_t first, size_t count) {
+  for (size_t b = first; b < first + count; b++) gemm_f32w_panel(x, m, k, k, p + b * k * 16, y + b * 16, n, 1);
 }
 
 /* ---- many-row products over fp8 and int8 groups: decoded a K block at a time ----
@@ -391,4 +398,11 @@ void llmc_gemm_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(floa
   size_t first, count;
   span(groups, per_wg, wg, &first, &count);
   int8_gemm_groups(DATA(x), DATA(p), DATA(y), m, k, groups * 8, first, count);
+}
+
+void llmc_gemm_f32(MEMREF(const float, x), MEMREF(const float, p), MEMREF(float, y), size_t m, size_t k, size_t groups,
+                   size_t per_wg, size_t wg) {
+  size_t first, count;
+  span(groups, per_wg, wg, &first, &count);
+  f32_gemm_groups(DATA(x), DATA(p), DATA(y), m, k, groups * 16, first, count);
 }

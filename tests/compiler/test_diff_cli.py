@@ -110,11 +110,14 @@ def validate(rep: dict) -> None:
 def test_same_weights_pass(built, work, capsys):
     code, out, err = llmc_diff(capsys, built["model"], built["vmfb"], "--json", "r.json", "--junit", "r.xml")
     assert code == 0, out + err
-    assert out.splitlines()[-1].startswith("PASS: 2 output(s), tolerance profile f32, worst out[0]"), out
+    last = out.splitlines()[-1]
+    assert last.startswith("PASS: 2 output(s), tolerance profile f32, worst out["), out
     rep = json.loads((work / "r.json").read_text())
     validate(rep)
     assert rep["passed"] is True and rep["format"] == "llmc-diff-report/1"
     outs = rep["entry_points"][0]["outputs"]
+    # the summary names the output closest to its limits (both pass; which one depends on the CPU's code)
+    assert last.endswith("worst " + max(outs, key=lambda o: (o["severity"], o["max_rel"]))["name"]), out
     assert [o["name"] for o in outs] == ["out[0]", "out[1]"]
     assert [o["shape"] for o in outs] == [[2, 6, 40], [2, 6, 8]]
     for o in outs:

@@ -26,12 +26,14 @@ pytestmark = pytest.mark.skipif((ukernels.c_compiler() is None or os.uname().mac
                                 and not os.environ.get("LLMC_REQUIRE_CPU_KERNELS"),
                                 reason="needs a C compiler on x86-64")
 
-GROUP = {kind: group for kind, (_, group) in ukernels.KINDS.items()}  # the C kernels' layouts (fp8: 32)
+GROUP = {kind: group for kind, (_, group) in ukernels.GEMM_LAYOUTS.items()}  # the C kernels' layouts (fp8: 32)
 
 
 def _codes(kind: str, n: int, k: int, seed: int) -> torch.Tensor:
     """Random [n, k] codes of `kind` (fp8: every E4M3FN code but the two NaNs, subnormals included)."""
     g = torch.Generator().manual_seed(seed)
+    if kind == "f32":  # the weight itself (f32 weights stored packed: passes/f32_gemm_weights.py)
+        return torch.randn(n, k, generator=g) * 0.05
     if kind == "bf16":
         return (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16).view(torch.int16)
     codes = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int64)
@@ -46,7 +48,7 @@ def _values(kind: str, codes: torch.Tensor) -> torch.Tensor:
         return codes.view(torch.float8_e4m3fn).to(torch.float32) * 2.0**-120
     if kind == "bf16":
         return codes.view(torch.bfloat16).to(torch.float32)
-    return codes.to(torch.float32)
+    return codes.to(torch.float32)  # int8, f32
 
 
 def _reference(kind, x, codes):
@@ -65,7 +67,7 @@ def test_eager_op_is_the_product_with_the_decoded_weight(kind):
 def _module(kind: str, groups: int, k: int, m: int | None = None) -> str:
     """A module whose main calls the declared kernel function llmc's import makes: the matvec (m None,
     x [1, K]) or the many-row kernel (x [m, K])."""
-    elem, group = ukernels.KINDS[kind]
+    elem, group = (ukernels.KINDS if m is None else ukernels.GEMM_LAYOUTS)[kind]
     rows = 1 if m is None else m
     name = ukernels.declaration_name(kind, groups, k) if m is None else ukernels.gemm_declaration_name(kind, m, groups, k)
     tx, tp, ty = f"tensor<{rows}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{rows}x{groups * group}xf32>"
@@ -120,7 +122,7 @@ def _assert_within_summation_error(got, x, kind, codes):
     assert float(bound.max()) < 1e-2 * float(want.abs().max())  # the bound is far tighter than the values checked
 
 
-@pytest.mark.parametrize("kind", ["fp8", "int8", "bf16"])
+@pytest.mark.parametrize("kind", ["fp8", "int8", "bf16", "f32"])
 def test_eager_gemm_op_is_the_product_with_the_decoded_weight(kind):
     n, k = 4 * GROUP[kind], 24
     codes = _codes(kind, n, k, 5)
@@ -134,7 +136,7 @@ def test_eager_gemm_op_is_the_product_with_the_decoded_weight(kind):
 # M x groups x K: whole 6-row blocks and every row tail (13 = 2 x 6 + 1, 11 = 6 + 5, 4), groups over several
 # workgroups (40 = 16 workgroups of up to 3; int8: of 4) and fewer than 16, K over several of the fp8/int8
 # loop's 128-row blocks with a partial last one (300), odd K
-@pytest.mark.parametrize("kind", ["fp8", "int8", "bf16"])
+@pytest.mark.parametrize("kind", ["fp8", "int8", "bf16", "f32"])
 @pytest.mark.parametrize("m, groups, k", [(13, 40, 64), (11, 4, 37), (4, 6, 300), (2, 2, 8)])
 def test_compiled_gemm_kernel_matches_torch(tmp_path, kind, m, groups, k):
     text = ukernels.link(_module(kind, groups, k, m))

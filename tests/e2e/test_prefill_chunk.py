@@ -8,6 +8,9 @@ compiler/diff_metrics.py).
 """
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,10 +24,12 @@ from llmc.compiler import llm, targets, ukernels  # noqa: E402
 from llmc.errors import UsageError  # noqa: E402
 from llmc.models.llama.config import get_config  # noqa: E402
 from llmc.models.llama.model import LlamaPrefill, LlamaPrefillChunk, init_random, new_cache  # noqa: E402
+from llmc.passes import _packed  # noqa: E402
 from llmc.tools.make_checkpoint import write_checkpoint  # noqa: E402
 
 MAX_SEQ = 48
 CHUNK = 8
+ARCH = "x86-64-v3"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,9 @@ def setup(tmp_path_factory):
     config = get_config("tiny")
     write_checkpoint(config, "hf", root / "hf", dtype="f32", seed=3)
     hf = transformers.LlamaForCausalLM.from_pretrained(root / "hf", torch_dtype=torch.float32).eval()
-    art = llmc.compile(root / "hf", output=root / "c.vmfb", max_seq_len=MAX_SEQ, prefill_chunk=CHUNK)
+    # AVX2 code (x86-64-v3): the chunk's f32 products are llmc's C kernel calls on any x86-64 CPU this runs on
+    # (with AVX-512 in every CPU of the module, IREE's own matmul serves instead: ukernels.f32_gemm_unavailable)
+    art = llmc.compile(root / "hf", output=root / "c.vmfb", max_seq_len=MAX_SEQ, prefill_chunk=CHUNK, arch=ARCH)
     return root, config, hf, llmc.load(art)
 
 
@@ -58,6 +65,35 @@ def test_eager_chunks_equal_one_prefill():
     with torch.no_grad():
         alone = LlamaPrefillChunk(model)(ids[:, 13:21], torch.ones(1, 8, dtype=torch.int64), *new_cache(config, 32))
     assert not torch.allclose(alone[0], whole[0], atol=1e-3)
+
+
+def test_chunk_products_are_the_f32_kernel_and_weights_are_stored_once(setup):
+    """f32-gemm-weights: every linear weight stored in 16-channel panels (the .irpa holds each once), the
+    chunk's products llmc::gemm_f32 calls, every other program reading the weights unpacked (the numerics
+    tests here check both against the dynamic prefill and transformers)."""
+    root, config, _, mod = setup
+    stats = {p["name"]: p for p in mod.manifest["passes"]}
+    if ukernels.f32_gemm_unavailable(targets.resolve("cpu", ARCH, "f32")) is not None:
+        assert "f32-gemm-weights" in {p["name"] for p in mod.manifest["passes_skipped"]}
+        pytest.skip("llmc's cpu kernels do not serve this machine")
+    forms = stats["f32-gemm-weights"]["forms"]
+    linears = config.n_layers * 7  # q, k, v, o, gate, up, down
+    assert forms.get("packed, 1 fixed many-row product(s) as C kernel calls") == linears, forms
+    assert mod.manifest["target"]["pass_options"]["fixed_row_products"] is True
+    # the .irpa: each weight once, its bytes the checkpoint's weight in 16-channel panels
+    from safetensors.torch import load_file
+
+    dump = subprocess.run([str(Path(sys.executable).parent / "iree-dump-parameters"), f"--parameters={root / 'c.irpa'}"],
+                          capture_output=True, text=True, check=True).stdout
+    name = "model.layers.0.mlp.down_proj.weight"
+    rows = [line.split("|") for line in dump.splitlines() if f"`{name}`" in line]
+    assert len(rows) == 1, dump
+    start, end = int(rows[0][0].strip()), int(rows[0][1].strip())
+    w = next(t for f in sorted((root / "hf").glob("*.safetensors")) for k, t in load_file(f).items() if k == name)
+    with open(root / "c.irpa", "rb") as f:
+        f.seek(start)
+        stored = np.frombuffer(f.read(end - start), dtype=np.float32)
+    assert np.array_equal(stored, _packed.pack(w.float(), 16).numpy().reshape(-1))
 
 
 def test_manifest_records_the_chunk(setup):

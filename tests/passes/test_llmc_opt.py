@@ -36,8 +36,10 @@ def test_list_names_every_pass_with_its_kind(tmp_path):
         ((HERE / "log10_to_log.mlir", "--pass", "decompose-attention"), ["--pass decompose-attention", "graph pass runs on a .pt2"]),
         ((HERE / "log10_to_log.mlir", "--pass", "log10-to-log", "--pipeline"), ["--pass and --pipeline"]),
         ((HERE / "log10_to_log.mlir", "--target", "tpu"), ["--target='tpu'"]),
+        ((HERE / "log10_to_log.mlir", "--option", "fixed_row_products"), ["--option fixed_row_products", "KEY=VALUE"]),
     ],
-    ids=["no-input", "missing", "wrong-suffix", "bad-mlir", "unknown-pass", "graph-pass-on-mlir", "pass-and-pipeline", "bad-target"],
+    ids=["no-input", "missing", "wrong-suffix", "bad-mlir", "unknown-pass", "graph-pass-on-mlir", "pass-and-pipeline", "bad-target",
+         "bad-option"],
 )
 def test_bad_use_is_one_line_exit_2(tmp_path, monkeypatch, capsys, args, needles):
     from llmc.tools.llmc_opt import main

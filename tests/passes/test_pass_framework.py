@@ -44,11 +44,13 @@ def test_gating_follows_typed_caps():
         {"name": "bf16-weights", "reason": "needs dtype bf16, compiling f32"},
         {"name": "fp8-weights", "reason": "needs dtype fp8, compiling f32"},
         {"name": "int8-weights", "reason": "needs dtype int8, compiling f32"},
+        {"name": "f32-gemm-weights", "reason": "no entry point with a fixed number of rows (prefill chunk or bucket)"},
         {"name": "bf16-outputs", "reason": "needs dtype bf16, compiling f32"},
     ]
     vk = pipeline.build(targets.resolve("vulkan", None, "bf16"))
     assert [p.name for p in vk.graph] == ungated(vk) and "bf16-weights" in ungated(vk)
-    assert [s["name"] for s in vk.skipped] == ["vecmat-as-mv", "qdq-float", "fp8-weights", "int8-weights", "bf16-outputs", "log10-to-log", "f64-math"]
+    assert [s["name"] for s in vk.skipped] == ["vecmat-as-mv", "qdq-float", "fp8-weights", "int8-weights", "f32-gemm-weights", "bf16-outputs",
+                                               "log10-to-log", "f64-math"]
     # the int8 fallback follows the arch's int64 capability, or the int8_math option
     mali = pipeline.build(targets.resolve("vulkan", "valhall4", "f32"))
     assert "qdq-float" in [p.name for p in mali.graph]
