@@ -11,7 +11,8 @@ prepare compiles every case of the plan (below) and writes, per case, the .vmfb 
 A speed case's .irpa (250 MB to 2.5 GB) does not travel: its *recipe* does, the archive's entries in
 order, each with the sha256 of its bytes and where they come from: a tensor of the random checkpoint
 (tools/make_checkpoint.py is deterministic in config, dtype and seed, so the GPU machine writes the
-same checkpoint again) or a few inline bytes (the rotary tables). run rebuilds the archive from the
+same checkpoint again), as it is or in the panels cpu f32 builds store linear weights in, or a few
+inline bytes (the rotary tables). run rebuilds the archive from the
 recipe and refuses any entry whose hash differs, so the module there runs on exactly the weights it
 was compiled against here. A check case (the tiny config) carries its checkpoint and .irpa whole.
 
@@ -125,15 +126,37 @@ def _tensor_bytes(t):
     return t.contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
-def _checkpoint_bytes(ckpt: Path) -> dict[str, str]:
-    """sha256 of every tensor's bytes in an HF checkpoint folder -> its name."""
+# Layouts an archive entry may hold a checkpoint tensor in, beside its own: "panels16" is the 16-channel
+# panels [N/16, K, 16] passes/f32_gemm_weights.py stores cpu f32 linear weights in.
+LAYOUTS = ("panels16",)
+
+
+def _in_layout(t, layout: str | None):
+    """The checkpoint tensor `t` as the archive stores it in `layout` (None: as it is)."""
+    if layout is None:
+        return t
+    from llmc.passes import _packed
+    from llmc.passes.f32_gemm_weights import GROUP
+
+    return _packed.pack(t, GROUP)
+
+
+def _checkpoint_bytes(ckpt: Path) -> dict[str, tuple[str, str | None]]:
+    """sha256 of every tensor's bytes in an HF checkpoint folder, as it is and in each layout it may be
+    stored in (2-D f32 with whole 16-row panels: panels16) -> (its name, the layout)."""
+    import torch
     from safetensors import safe_open
+
+    from llmc.passes.f32_gemm_weights import GROUP
 
     out = {}
     for f in sorted(ckpt.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
             for k in st.keys():
-                out[_sha(_tensor_bytes(st.get_tensor(k)))] = k
+                t = st.get_tensor(k)
+                out[_sha(_tensor_bytes(t))] = (k, None)
+                if t.dtype == torch.float32 and t.dim() == 2 and t.shape[0] % GROUP == 0:
+                    out.setdefault(_sha(_tensor_bytes(_in_layout(t, "panels16"))), (k, "panels16"))
     return out
 
 
@@ -151,7 +174,8 @@ def write_recipe(irpa: Path, ckpt: Path, recipe: Path, inline: Path) -> dict:
         data = e.file_view
         h = _sha(data)
         if h in by_hash:
-            entries.append({"name": name, "sha256": h, "nbytes": len(data), "checkpoint": by_hash[h]})
+            source, layout = by_hash[h]
+            entries.append({"name": name, "sha256": h, "nbytes": len(data), "checkpoint": source, **({"layout": layout} if layout else {})})
         else:
             entries.append({"name": name, "sha256": h, "nbytes": len(data), "inline": len(blob)})
             blob += data
@@ -243,8 +267,10 @@ def rebuild_archive(case: dict, src: Path, work: Path) -> Path:
     index, keep = rt.ParameterIndex(), []  # keep: add_buffer refers to the arrays until the archive is written
     for e in recipe:
         if "checkpoint" in e:
+            if e.get("layout") not in (None, *LAYOUTS):
+                raise RuntimeError(f"{case['name']}: entry {e['name']}: unknown layout {e['layout']!r} (a newer prepare?)")
             with safe_open(str(where[e["checkpoint"]]), framework="pt") as st:
-                data = _tensor_bytes(st.get_tensor(e["checkpoint"]))
+                data = _tensor_bytes(_in_layout(st.get_tensor(e["checkpoint"]), e.get("layout")))
         else:
             data = np.frombuffer(inline, dtype=np.uint8, count=e["nbytes"], offset=e["inline"])
         if _sha(data) != e["sha256"]:

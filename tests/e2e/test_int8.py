@@ -103,7 +103,8 @@ def test_cpu_int8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_int8):
     assert {k: sizes[f"{k}_int8_scale"] for k in two_d} == {k: 4 * shapes[k][0] for k in two_d}  # one f32 scale per row
     manifest = cpu_int8.read_manifest()
     assert manifest["dtype"] == "int8" and manifest["compute_dtype"] == "f32"
-    assert manifest["target"]["pass_options"] == {"quant_exclude": [], "quant_embeddings": True}
+    # fixed_row_products: the build has a prefill bucket (compiler/llm.py)
+    assert manifest["target"]["pass_options"] == {"quant_exclude": [], "quant_embeddings": True, "fixed_row_products": True}
     r = llmc_in_process("diff", checkpoint / "hf", cpu_int8.vmfb, "--json", checkpoint / "diff.json")
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads((checkpoint / "diff.json").read_text())

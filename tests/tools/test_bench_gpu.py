@@ -64,6 +64,11 @@ def test_recipe_leaves_the_archive_behind_and_names_its_sources(prepared):
     inline = {e["name"] for e in entries if "inline" in e}
     assert inline == {"rope_cos", "rope_sin"}  # everything else is a checkpoint tensor, byte for byte
     assert all(e["checkpoint"] == e["name"] for e in entries if "checkpoint" in e)
+    # cpu f32 with a prefill chunk where llmc's f32 kernel serves: linear weights in 16-channel panels
+    packed = {p["name"]: p for p in manifest["passes"]}.get("f32-gemm-weights", {}).get("rewrote", 0)
+    laid = {e["name"] for e in entries if e.get("layout") == "panels16"}
+    linear = {e["name"] for e in entries if e["name"].endswith("_proj.weight")}
+    assert (laid and linear <= laid <= linear | {"lm_head.weight"}) if packed else not laid, (packed, laid)
 
 
 def test_run_rebuilds_the_weights_and_matches_eager(ran):
