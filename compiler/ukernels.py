@@ -1,7 +1,8 @@
 """Hand-written cpu kernels for the one-row products over packed narrow weights (decode steps), and
-for the fixed many-row products over them (prefill chunks and buckets: `llmc::gemm_<kind>`, the same
-two steps below with x [M, K], one workgroup per run of groups, every row; kind f32 too: f32 weights
-stored in the same 16-channel panels by passes/f32_gemm_weights.py, `f32_gemm_unavailable` says where).
+for the many-row products over them (prefill chunks and buckets with a fixed M, the dynamic prefill with
+M read from x: `llmc::gemm_<kind>`, the same two steps below with x [M, K], one workgroup per run of
+groups, every row; kind f32 too, fixed M only: f32 weights stored in the same 16-channel panels by
+passes/f32_gemm_weights.py, `f32_gemm_unavailable` says where).
 
 What: on llvm-cpu for x86-64 CPUs with AVX2 + FMA, every one-row product over a packed fp8, int8 or
 bf16 weight (passes/_packed.py: `x[1, K] @ w.T` with w stored as P[N/G, K, G]) runs as
@@ -50,7 +51,7 @@ from llmc.passes._packed import GEMM_GROUP_MULTIPLE, KERNEL_GROUPS
 SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
 # The ops the graph passes emit, as torch-mlir imports them (`torch.operator "torch.llmc.matvec_fp8"`).
 OPERATOR_PREFIX = "torch.llmc.matvec_"
-GEMM_PREFIX = "torch.llmc.gemm_"  # many-row products (llmc::gemm_<kind>, a fixed M: prefill chunks and buckets)
+GEMM_PREFIX = "torch.llmc.gemm_"  # many-row products (llmc::gemm_<kind>: prefill chunks and buckets, M fixed; the dynamic prefill, M from x)
 # kind -> (element type of the packed codes, output channels per group G: the passes pack that way)
 KINDS = {kind: (elem, KERNEL_GROUPS[kind]) for kind, elem in (("fp8", "i8"), ("int8", "i8"), ("bf16", "i16"))}
 # The many-row kernels: the narrow kinds, and f32 weights stored packed (passes/f32_gemm_weights.py)
@@ -188,8 +189,9 @@ def declaration_name(kind: str, groups: int, k: int) -> str:
     return f"{DECL_PREFIX}{kind}_{groups}x{k}"
 
 
-def gemm_declaration_name(kind: str, m: int, groups: int, k: int) -> str:
-    return f"{GEMM_DECL_PREFIX}{kind}_{m}x{groups}x{k}"
+def gemm_declaration_name(kind: str, m: int | None, groups: int, k: int) -> str:
+    """m None: a dynamic row count (written D)."""
+    return f"{GEMM_DECL_PREFIX}{kind}_{'D' if m is None else m}x{groups}x{k}"
 
 
 def lower_calls(module) -> int:
@@ -215,12 +217,13 @@ def lower_calls(module) -> int:
             xs, ps = vtensor_dims(str(x.type)), vtensor_dims(str(p.type))
             groups, k = (int(d) if d.isdigit() else -1 for d in ps[0][:2])
             if gemm:
-                # x [M, K] f32 with M fixed, codes [G, K, group] (static)
-                m = int(xs[0][0]) if len(xs[0]) == 2 and xs[0][0].isdigit() else -1
-                if (kind not in GEMM_KINDS or groups < 1 or m < 1 or groups % GEMM_GROUP_MULTIPLE.get(kind, 1)
-                        or (xs, ps[0][2], ps[1]) != (([str(m), str(k)], "f32"), str(group), torch_elem)):
-                    raise CompileError(f"llmc::gemm_{kind} takes x [M, K] f32 (M fixed) and {torch_elem} codes [N/{group}, K, {group}], "
-                                       f"static; got {x.type} and {p.type}")
+                # x [M, K] f32 with M fixed or dynamic ("?"), codes [G, K, group] (static)
+                rows = xs[0][0] if len(xs[0]) == 2 else ""
+                m = None if rows == "?" else int(rows) if rows.isdigit() else -1
+                if (kind not in GEMM_KINDS or groups < 1 or (m is not None and m < 1) or groups % GEMM_GROUP_MULTIPLE.get(kind, 1)
+                        or (xs, ps[0][2], ps[1]) != (([rows, str(k)], "f32"), str(group), torch_elem)):
+                    raise CompileError(f"llmc::gemm_{kind} takes x [M, K] f32 and {torch_elem} codes [N/{group}, K, {group}], "
+                                       f"K and the codes static; got {x.type} and {p.type}")
                 name = gemm_declaration_name(kind, m, groups, k)
             else:
                 m = 1
@@ -229,9 +232,10 @@ def lower_calls(module) -> int:
                     raise CompileError(f"llmc::matvec_{kind} takes x [1, K] f32 and {torch_elem} codes [N/{group}, K, {group}], static; "
                                        f"got {x.type} and {p.type}")
                 name = declaration_name(kind, groups, k)
-            t_x = ir.Type.parse(f"tensor<{m}x{k}xf32>")
+            dim = "?" if m is None else m
+            t_x = ir.Type.parse(f"tensor<{dim}x{k}xf32>")
             t_p = ir.Type.parse(f"tensor<{groups}x{k}x{group}x{elem}>")
-            t_y = ir.Type.parse(f"tensor<{m}x{groups * group}xf32>")
+            t_y = ir.Type.parse(f"tensor<{dim}x{groups * group}xf32>")
             if name not in declared:
                 fn_type = ir.FunctionType.get([t_x, t_p], [t_y])
                 decl = ir.Operation.create("func.func", attributes={
@@ -254,7 +258,7 @@ def lower_calls(module) -> int:
 # 2. on the text for iree-compile: bodies and the executable
 
 _DECL = re.compile(rf"^(\s*)func\.func private @({DECL_PREFIX}({'|'.join(KINDS)})_(\d+)x(\d+))\(.*$", re.M)
-_GEMM_DECL = re.compile(rf"^(\s*)func\.func private @({GEMM_DECL_PREFIX}({'|'.join(GEMM_KINDS)})_(\d+)x(\d+)x(\d+))\(.*$", re.M)
+_GEMM_DECL = re.compile(rf"^(\s*)func\.func private @({GEMM_DECL_PREFIX}({'|'.join(GEMM_KINDS)})_(\d+|D)x(\d+)x(\d+))\(.*$", re.M)
 
 
 def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
@@ -268,22 +272,26 @@ def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
     return -(-per // step) * step
 
 
-def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int | None = None) -> str:
+def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int | str | None = None) -> str:
     """The body of a declared kernel function: a flow.dispatch of @matvec_<kind> (m None: x [1, K]) or
-    @gemm_<kind> (x [m, K], m passed to the C function too)."""
+    @gemm_<kind> (x [m, K], m passed to the C function too; m "D": the row count is x's dynamic dim)."""
     elem, group = (KINDS if m is None else GEMM_LAYOUTS)[kind]
-    rows = 1 if m is None else m
+    rows = 1 if m is None else "?" if m == "D" else m
+    dims = "{%m}" if m == "D" else ""  # a dynamic tensor's size operand in flow.dispatch's type list
     tx, tp, ty = f"tensor<{rows}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{rows}x{groups * group}xf32>"
     per = groups_per_workgroup(kind, groups, k) if m is None else gemm_groups_per_workgroup(kind, groups)
     op, sizes = ("matvec", ["%k", "%g", "%per"]) if m is None else ("gemm", ["%m", "%k", "%g", "%per"])
+    row_count = ([] if m is None else
+                 ["  %c0 = arith.constant 0 : index", f"  %m = tensor.dim %x, %c0 : {tx}"] if m == "D" else
+                 [f"  %m = arith.constant {m} : index"])
     lines = [
         f"func.func private @{name}(%x: {tx}, %p: {tp}) -> {ty} {{",
-        *([f"  %m = arith.constant {m} : index"] if m is not None else []),
+        *row_count,
         f"  %k = arith.constant {k} : index",
         f"  %g = arith.constant {groups} : index",
         f"  %per = arith.constant {per} : index",
         f"  %y = flow.dispatch @{EXECUTABLE}::@{op}_{kind}[%g, %per](%x, %p, {', '.join(sizes)}) : "
-        f"({tx}, {tp}, {', '.join(['index'] * len(sizes))}) -> {ty}",
+        f"({tx}{dims}, {tp}, {', '.join(['index'] * len(sizes))}) -> {ty}{dims}",
         f"  return %y : {ty}",
         "}",
     ]
@@ -374,7 +382,7 @@ def link(mlir: str) -> str:
         return mlir
     out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5))), mlir)
     out = _GEMM_DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(5)), int(m.group(6)),
-                                               m=int(m.group(4))), out)
+                                               m="D" if m.group(4) == "D" else int(m.group(4))), out)
     end = out.rstrip().rfind("}")  # the module's own closing brace: the executable goes inside it
     return out[:end] + _executable(build_object(), sorted({m.group(3) for m in found}),
                                    sorted({m.group(3) for m in found_gemm})) + "\n" + out[end:]

@@ -20,9 +20,10 @@ a multiple of G), G output channels per group: 8 by default (fp8, int8), 16 for 
   1.1-1.25x 8B fp8.
 - an embedding (a table tied to the output head): each row's codes are gathered from the packed
   layout (the row's group of G rows, then every G-th code) and only those are decoded.
-- `x @ w.T` with a fixed number M >= 2 of f32 rows (a prefill chunk or bucket) where the C kernels
-  serve: `llmc::gemm_<kind>(x, P)` -> [M, N], a 6 x 16 register block over 16-channel panels
-  (compiler/csrc; docs/targets.md "Prefill kernels"), scale and bias after it as above.
+- `x @ w.T` with M >= 2 f32 rows, fixed (a prefill chunk or bucket) or dynamic (the dynamic prefill's
+  tokens), where the C kernels serve: `llmc::gemm_<kind>(x, P)` -> [M, N], a 6 x 16 register block
+  over 16-channel panels (compiler/csrc; docs/targets.md "Prefill kernels"), scale and bias after it
+  as above.
 - every other use (multi-row products): the whole weight decoded and unpacked to [N, K] ahead of
   the first op. IREE packs that for its data-tiled matmul per call; a decode fused into a data-tiled
   matmul itself put a whole f32 K panel on the stack ("exceeded stack allocation limit").
@@ -76,7 +77,7 @@ GEMM_GROUP_MULTIPLE = {"int8": 2}
 
 def define_gemm_op(kind: str, decode: Callable) -> None:
     """Define `llmc::gemm_<kind>(x[M, K] f32, P[N/G, K, G]) -> [M, N] f32` (N = the padded channels), the
-    unscaled many-row product over packed codes, for a static M (a prefill chunk or bucket). Eager: the
+    unscaled many-row product over packed codes (M fixed: a prefill chunk or bucket; or dynamic: the dynamic prefill). Eager: the
     pass's decode and a matmul in torch. Compiled: compiler/ukernels.py's C kernel."""
 
     @torch.library.custom_op(f"llmc::gemm_{kind}", mutates_args=())
@@ -101,11 +102,13 @@ def group_for(ctx, kind: str, default: int = PACK) -> int:
     return KERNEL_GROUPS[kind] if kernel_kind(ctx, kind) else default
 
 
-def rows_form(rows: int, kernel_rows: int, gemm_rows: int = 0) -> str:
-    """The statistics suffix naming how a packed weight's one-row (and fixed many-row) products were written."""
+def rows_form(rows: int, kernel_rows: int, gemm_rows: int = 0, dynamic_rows: int = 0) -> str:
+    """The statistics suffix naming how a packed weight's one-row and many-row (fixed or dynamic row count)
+    products were written."""
     parts = ([f"{kernel_rows} one-row product(s) as C kernel calls"] if kernel_rows else []) + (
         [f"{rows - kernel_rows} one-row product(s) as a reduction"] if rows > kernel_rows else []) + (
-        [f"{gemm_rows} fixed many-row product(s) as C kernel calls"] if gemm_rows else [])
+        [f"{gemm_rows} fixed many-row product(s) as C kernel calls"] if gemm_rows else []) + (
+        [f"{dynamic_rows} dynamic many-row product(s) as C kernel calls"] if dynamic_rows else [])
     return "".join(", " + part for part in parts)
 
 
@@ -139,14 +142,14 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
     group: output channels per packed group, as `pack(w, group)` stored it.
     kernel: a KERNEL_OPS kind (kernel_kind): one-row products with an f32 x become
         `llmc::matvec_<kernel>(x, P)` (the same unscaled sum, run by compiler/ukernels.py's C kernel),
-        and, where GEMM_OPS has the kind, products with a fixed number M >= 2 of f32 rows (a prefill
-        chunk's or bucket's) `llmc::gemm_<kernel>(x, P)`.
-    Returns (one-row products, how many of them are kernel calls, many-row kernel calls).
+        and, where GEMM_OPS has the kind, products with M >= 2 f32 rows, fixed (a prefill chunk's or
+        bucket's) or dynamic (the dynamic prefill's), `llmc::gemm_<kernel>(x, P)`.
+    Returns (one-row products, how many of them are kernel calls, fixed and dynamic many-row kernel calls).
     """
     call = graph.call_function
     n, k = shape
     npad = padded(n, group)
-    rows = kernel_rows = gemm_rows = 0
+    rows = kernel_rows = gemm_rows = dynamic_rows = 0
     decoders = set()  # the decode chains' own reads of the codes
 
     def decode():
@@ -157,11 +160,11 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
 
     uses, chain = _transposed_uses(node)
     for wt, product in uses:
-        x, m = _static_rows_input(product, wt, k)
-        many = m >= 2
+        x, m = _rows_input(product, wt, k)
+        many = m >= 2 or m == DYNAMIC_ROWS
         if m == 0:
             continue
-        if many:  # a fixed number of rows: the many-row kernel, where there is one for this kind and group count
+        if many:  # two or more rows: the many-row kernel, where there is one for this kind and group count
             if (kernel not in GEMM_OPS or (npad // group) % GEMM_GROUP_MULTIPLE.get(kernel, 1)
                     or x.meta["val"].dtype != torch.float32):
                 continue
@@ -170,7 +173,10 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
             if many:
                 y = call(GEMM_OPS[kernel], (x, node))
                 decoders.add(y)
-                gemm_rows += 1
+                if m == DYNAMIC_ROWS:
+                    dynamic_rows += 1
+                else:
+                    gemm_rows += 1
             elif kernel is not None and fake_x is not None and fake_x.dtype == torch.float32:
                 y = call(KERNEL_OPS[kernel], (x, node))
                 decoders.add(y)
@@ -233,7 +239,7 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
             if not _is_cast(user):
                 user.meta.pop("val", None)
                 user.meta.pop("tensor_meta", None)
-    return rows, kernel_rows, gemm_rows
+    return rows, kernel_rows, gemm_rows, dynamic_rows
 
 
 def replace(graph, old, new, outputs) -> None:
@@ -287,10 +293,13 @@ def _is_transpose(node) -> bool:
         node.target == _aten.t.default or (node.target == _aten.permute.default and list(node.args[1]) == [1, 0]))
 
 
-def _static_rows_input(product, weight_t, k) -> tuple[object, int]:
-    """(x, M) of `mm(x, weight_t)` / `addmm(b, x, weight_t)` (default alpha and beta) when x is [M, K] with
-    a static M; (None, 0) otherwise. A symbolic row count (prefill's sequence) is not compared: that
-    would add a guard to the program."""
+DYNAMIC_ROWS = -1  # _rows_input's M for x [S, K] with a symbolic S (a dynamic prefill's tokens)
+
+
+def _rows_input(product, weight_t, k) -> tuple[object, int]:
+    """(x, M) of `mm(x, weight_t)` / `addmm(b, x, weight_t)` (default alpha and beta) when x is [M, K]: M
+    static, or DYNAMIC_ROWS for a symbolic row count (never compared: that would add a guard to the
+    program); (None, 0) otherwise."""
     if product.target == _aten.mm.default and product.args[1] is weight_t:
         x = product.args[0]
     elif product.target == _aten.addmm.default and product.args[2] is weight_t and not product.kwargs:
@@ -298,9 +307,15 @@ def _static_rows_input(product, weight_t, k) -> tuple[object, int]:
     else:
         return None, 0
     val = x.meta.get("val") if hasattr(x, "meta") else None
-    if val is None or val.dim() != 2 or any(isinstance(d, torch.SymInt) for d in val.shape) or val.shape[1] != k:
+    if val is None or val.dim() != 2 or isinstance(val.shape[1], torch.SymInt) or val.shape[1] != k:
         return None, 0
-    return x, int(val.shape[0])
+    return x, DYNAMIC_ROWS if isinstance(val.shape[0], torch.SymInt) else int(val.shape[0])
+
+
+def _static_rows_input(product, weight_t, k) -> tuple[object, int]:
+    """_rows_input for a static M only: (None, 0) for a symbolic row count."""
+    x, m = _rows_input(product, weight_t, k)
+    return (x, m) if m != DYNAMIC_ROWS else (None, 0)
 
 
 # Ops a weight reaches a matrix product through, and the products themselves.

@@ -12,9 +12,9 @@ Produces: the weight rounded to bf16 (round-to-nearest-even, as `tensor.to(torch
           an exact bf16 -> f32 widening made of integer ops. Everything after that is f32. On cpu a
           2-D weight a matrix product reads is stored packed, [ceil(N/16), K, 16], and its uses are
           rewritten by passes/_packed.py (a decode step's linear reads each weight once, 2 bytes, in
-          a reduction with 4 partial sums per channel; a fixed number of rows (a prefill chunk or
-          bucket) goes to llmc's many-row C kernel where the cpu kernels serve; other multi-row
-          products widen and unpack it once per call into the f32 data-tiled matmul); an embedding
+          a reduction with 4 partial sums per channel; two or more rows (a prefill chunk, bucket or
+          the dynamic prefill) go to llmc's many-row C kernel where the cpu kernels serve; without
+          it, multi-row products widen and unpack it once per call into the f32 data-tiled matmul); an embedding
           table gathers its rows' bits first and widens only those.
 Safe because: a bf16 value is the top half of the f32 with the same value, so shifting its 16 bits
           into the high half of an int32 and reading that as f32 is exact (NaN and infinities

@@ -349,7 +349,18 @@ static inline void int8_gemm_groups(const float *restrict x, const int8_t *restr
   }
 }
 
-/* ---- entry points: workgroup `wg` computes groups [wg * per_wg, (wg + 1) * per_wg) ---- */
+/* ---- entry points: workgroup `wg` computes groups [wg * per_wg, (wg + 1) * per_wg) ----
+ *
+ * The many-row ones take the rows GEMM_MB at a time (a dynamic prefill may have thousands): each
+ * block of x (GEMM_MB x K f32: 192 KiB at K = 768, 1 MiB at 4096) stays in L2 while the workgroup's
+ * panels pass over it. */
+
+#define GEMM_MB 64
+#define ROW_BLOCKS(CALL)                                                                                   \
+  for (size_t r0 = 0; r0 < m; r0 += GEMM_MB) {                                                             \
+    size_t mb = m - r0 < GEMM_MB ? m - r0 : GEMM_MB;                                                       \
+    CALL;                                                                                                  \
+  }
 
 static inline void span(size_t groups, size_t per_wg, size_t wg, size_t *first, size_t *count) {
   size_t f = wg * per_wg, e = f + per_wg;
@@ -383,26 +394,26 @@ void llmc_gemm_bf16(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(fl
                     size_t per_wg, size_t wg) {
   size_t first, count;
   span(groups, per_wg, wg, &first, &count);
-  bf16_gemm_groups(DATA(x), DATA(p), DATA(y), m, k, groups * 16, first, count);
+  ROW_BLOCKS(bf16_gemm_groups(DATA(x) + r0 * k, DATA(p), DATA(y) + r0 * groups * 16, mb, k, groups * 16, first, count))
 }
 
 void llmc_gemm_fp8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t m, size_t k, size_t groups,
                    size_t per_wg, size_t wg) {
   size_t first, count;
   span(groups, per_wg, wg, &first, &count);
-  fp8_gemm_groups(DATA(x), DATA(p), DATA(y), m, k, groups * 32, first, count);
+  ROW_BLOCKS(fp8_gemm_groups(DATA(x) + r0 * k, DATA(p), DATA(y) + r0 * groups * 32, mb, k, groups * 32, first, count))
 }
 
 void llmc_gemm_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t m, size_t k, size_t groups,
                     size_t per_wg, size_t wg) {
   size_t first, count;
   span(groups, per_wg, wg, &first, &count);
-  int8_gemm_groups(DATA(x), DATA(p), DATA(y), m, k, groups * 8, first, count);
+  ROW_BLOCKS(int8_gemm_groups(DATA(x) + r0 * k, DATA(p), DATA(y) + r0 * groups * 8, mb, k, groups * 8, first, count))
 }
 
 void llmc_gemm_f32(MEMREF(const float, x), MEMREF(const float, p), MEMREF(float, y), size_t m, size_t k, size_t groups,
                    size_t per_wg, size_t wg) {
   size_t first, count;
   span(groups, per_wg, wg, &first, &count);
-  f32_gemm_groups(DATA(x), DATA(p), DATA(y), m, k, groups * 16, first, count);
+  ROW_BLOCKS(f32_gemm_groups(DATA(x) + r0 * k, DATA(p), DATA(y) + r0 * groups * 16, mb, k, groups * 16, first, count))
 }

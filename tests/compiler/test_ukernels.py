@@ -64,12 +64,13 @@ def test_eager_op_is_the_product_with_the_decoded_weight(kind):
     _assert_within_summation_error(got, x, kind, codes)
 
 
-def _module(kind: str, groups: int, k: int, m: int | None = None) -> str:
+def _module(kind: str, groups: int, k: int, m: int | str | None = None) -> str:
     """A module whose main calls the declared kernel function llmc's import makes: the matvec (m None,
-    x [1, K]) or the many-row kernel (x [m, K])."""
+    x [1, K]) or the many-row kernel (x [m, K]; m "?": a dynamic row count)."""
     elem, group = (ukernels.KINDS if m is None else ukernels.GEMM_LAYOUTS)[kind]
     rows = 1 if m is None else m
-    name = ukernels.declaration_name(kind, groups, k) if m is None else ukernels.gemm_declaration_name(kind, m, groups, k)
+    name = (ukernels.declaration_name(kind, groups, k) if m is None else
+            ukernels.gemm_declaration_name(kind, None if m == "?" else m, groups, k))
     tx, tp, ty = f"tensor<{rows}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{rows}x{groups * group}xf32>"
     return (f"module {{\n  func.func private @{name}({tx}, {tp}) -> {ty}\n"
             f"  func.func @main(%x: {tx}, %p: {tp}) -> {ty} {{\n"
@@ -148,6 +149,21 @@ def test_compiled_gemm_kernel_matches_torch(tmp_path, kind, m, groups, k):
     assert got.shape == (m, groups * group)
     for row in range(m):
         _assert_within_summation_error(got[row:row + 1], x[row:row + 1], kind, codes)
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8", "bf16", "f32"])
+def test_compiled_gemm_kernel_with_a_dynamic_row_count(tmp_path, kind):
+    """One module, x [?, K]: 2 rows, and 131 (three of the C loop's 64-row blocks, the last partial)."""
+    groups, k = 4, 40
+    text = ukernels.link(_module(kind, groups, k, "?"))
+    group = GROUP[kind]
+    codes = _codes(kind, groups * group, k, 9)
+    for m in (2, 131):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(10 + m))
+        got = _run_linked(tmp_path, text, x, _packed.pack(codes, group))
+        assert got.shape == (m, groups * group)
+        for row in range(m):
+            _assert_within_summation_error(got[row:row + 1], x[row:row + 1], kind, codes)
 
 
 def test_int8_gemm_takes_its_groups_in_pairs():
@@ -243,23 +259,46 @@ def test_import_refuses_a_kernel_op_of_another_form():
     assert e.value.exit_code == 3
 
 
-def test_import_refuses_a_gemm_op_with_a_dynamic_row_count():
-    """The many-row kernel takes a fixed M (a prefill chunk or bucket): a symbolic one is a clear compile error."""
-    from llmc.compiler import export, importer
+def _gemm_program(kind: str, dynamic: bool, k: int = 4):
+    """An exported program whose main is llmc::gemm_<kind>(x [M, k], a buffer of zero codes [2, k, G])."""
+    elem, group = ukernels.GEMM_LAYOUTS[kind]
+    codes = torch.zeros(2, k, group, dtype={"i16": torch.int16, "i8": torch.int8, "f32": torch.float32}[elem])
 
     class Rows(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.register_buffer("p", torch.zeros(2, 4, 16, dtype=torch.int16))
+            self.register_buffer("p", codes)
 
         def forward(self, x):
-            return _packed.GEMM_OPS["bf16"](x, self.p)
+            return _packed.GEMM_OPS[kind](x, self.p)
 
-    ep = torch.export.export(Rows(), (torch.randn(3, 4),), dynamic_shapes=({0: torch.export.Dim("m", min=2, max=8)},))
+    return torch.export.export(Rows(), (torch.randn(3, k),),
+                               dynamic_shapes=({0: torch.export.Dim("m", min=2, max=4096)},) if dynamic else None)
+
+
+def test_import_takes_a_gemm_op_with_a_dynamic_row_count():
+    """A dynamic prefill's products: x [?, K] is declared as such; the C loop gets M from x's dim."""
+    from llmc.compiler import export, importer
+
+    module, *_ = importer.import_programs([(export.Exported(_gemm_program("bf16", True), ""), "main")])
+    text = str(module)
+    name = ukernels.gemm_declaration_name("bf16", None, 2, 4)
+    assert f"func.func private @{name}(tensor<?x4xf32>, tensor<2x4x16xi16>) -> tensor<?x32xf32>" in text
+    linked = ukernels.link(text)
+    assert "%m = tensor.dim %x, %c0 : tensor<?x4xf32>" in linked
+    assert f"@{ukernels.EXECUTABLE}::@gemm_bf16[%g, %per](%x, %p, %m, %k, %g, %per) : (tensor<?x4xf32>{{%m}}," in linked
+
+
+def test_import_refuses_a_gemm_op_of_another_form():
+    """The codes must be the kind's (bf16: int16 bits); anything else is a clear compile error."""
+    from llmc.compiler import export, importer
+
+    ep = _gemm_program("f32", False)
+    ep.graph_module.graph.find_nodes(op="call_function", target=_packed.GEMM_OPS["f32"])[0].target = _packed.GEMM_OPS["bf16"]
     with pytest.raises(CompileError) as e:
         importer.import_programs([(export.Exported(ep, ""), "main")])
-    assert str(e.value) == ("llmc::gemm_bf16 takes x [M, K] f32 (M fixed) and si16 codes [N/16, K, 16], static; "
-                            "got !torch.vtensor<[?,4],f32> and !torch.vtensor<[2,4,16],si16>")
+    assert str(e.value) == ("llmc::gemm_bf16 takes x [M, K] f32 and si16 codes [N/16, K, 16], K and the codes static; "
+                            "got !torch.vtensor<[3,4],f32> and !torch.vtensor<[2,4,16],f32>")
     assert e.value.exit_code == 3
 
 

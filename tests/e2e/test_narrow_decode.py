@@ -52,9 +52,11 @@ def test_cpu_bf16_decode_reads_packed_weights_in_the_kernels_and_its_bucket_matc
                        **narrow_build_options(tmp_path))
     check_bucket_matches_dynamic_prefill(llmc.load(art), CONFIG.vocab_size)
     check_kernel_reads(tmp_path, "bf16", CONFIG.n_layers)
-    # bf16 only: the bucket's products (16 rows, fixed) are llmc's many-row kernel, which the check above
-    # compared with the dynamic prefill's (IREE's data-tiled matmul over the widened weight)
+    # bf16 only: the bucket's products (16 rows, fixed) and the dynamic prefill's (M = the prompt's tokens) are
+    # llmc's many-row kernel (the check above compared the two; `llmc diff` in test_dtype_matrix compares the
+    # dynamic prefill with eager bf16)
     forms = next(p for p in art.read_manifest()["passes"] if p["name"] == "bf16-weights")["forms"]
     assert sum(n for form, n in forms.items() if "1 fixed many-row product(s) as C kernel calls" in form) == 7 * CONFIG.n_layers
+    assert sum(n for form, n in forms.items() if "1 dynamic many-row product(s) as C kernel calls" in form) == 7 * CONFIG.n_layers
     flow = next((tmp_path / "phases").glob("*.flow.mlir")).read_text()
     assert flow.count(f"flow.dispatch @{ukernels.EXECUTABLE}::@gemm_bf16") >= 7 * CONFIG.n_layers
