@@ -390,30 +390,17 @@ void llmc_matvec_bf16(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(
   bf16_groups(DATA(x), DATA(p), DATA(y), k, first, count);
 }
 
-void llmc_gemm_bf16(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(float, y), size_t m, size_t k, size_t groups,
-                    size_t per_wg, size_t wg) {
-  size_t first, count;
-  span(groups, per_wg, wg, &first, &count);
-  ROW_BLOCKS(bf16_gemm_groups(DATA(x) + r0 * k, DATA(p), DATA(y) + r0 * groups * 16, mb, k, groups * 16, first, count))
-}
+/* llmc_gemm_<KIND>(x, p, y, m, k, groups, per_wg, wg): the workgroup's groups of G channels, every row */
+#define GEMM_ENTRY(KIND, T, G)                                                                             \
+  void llmc_gemm_##KIND(MEMREF(const float, x), MEMREF(const T, p), MEMREF(float, y), size_t m, size_t k,   \
+                        size_t groups, size_t per_wg, size_t wg) {                                         \
+    size_t first, count;                                                                                   \
+    span(groups, per_wg, wg, &first, &count);                                                              \
+    ROW_BLOCKS(KIND##_gemm_groups(DATA(x) + r0 * k, DATA(p), DATA(y) + r0 * groups * G, mb, k, groups * G,  \
+                                  first, count))                                                           \
+  }
 
-void llmc_gemm_fp8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t m, size_t k, size_t groups,
-                   size_t per_wg, size_t wg) {
-  size_t first, count;
-  span(groups, per_wg, wg, &first, &count);
-  ROW_BLOCKS(fp8_gemm_groups(DATA(x) + r0 * k, DATA(p), DATA(y) + r0 * groups * 32, mb, k, groups * 32, first, count))
-}
-
-void llmc_gemm_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t m, size_t k, size_t groups,
-                    size_t per_wg, size_t wg) {
-  size_t first, count;
-  span(groups, per_wg, wg, &first, &count);
-  ROW_BLOCKS(int8_gemm_groups(DATA(x) + r0 * k, DATA(p), DATA(y) + r0 * groups * 8, mb, k, groups * 8, first, count))
-}
-
-void llmc_gemm_f32(MEMREF(const float, x), MEMREF(const float, p), MEMREF(float, y), size_t m, size_t k, size_t groups,
-                   size_t per_wg, size_t wg) {
-  size_t first, count;
-  span(groups, per_wg, wg, &first, &count);
-  ROW_BLOCKS(f32_gemm_groups(DATA(x) + r0 * k, DATA(p), DATA(y) + r0 * groups * 16, mb, k, groups * 16, first, count))
-}
+GEMM_ENTRY(bf16, uint16_t, 16)
+GEMM_ENTRY(fp8, int8_t, 32)
+GEMM_ENTRY(int8, int8_t, 8)
+GEMM_ENTRY(f32, float, 16)
