@@ -13,7 +13,9 @@ Produces: W stored as P[N/16, K, 16] (P[b, k, j] = W[16b + j, k]: _packed.pack w
           computed once after the placeholders. It depends on the stored weight only, so IREE's
           const-expr hoisting evaluates it at load, together with its data-tiling pack: the decode
           and the dynamic prefill run the same data-tiled matmuls as before, and no call transposes
-          a weight (checked: tests/compiler/test_f32_gemm.py profiles no per-call transpose).
+          a weight (checked by profiling a decode step: docs/targets.md "f32 weights for the prefill
+          kernel"). An embedding table tied to the output head is gathered from that unpacked copy,
+          which IREE then keeps in memory beside its own packed one.
 Safe because: P is a permutation of W's values and unpack(P) is W exactly; the kernel's products
           differ from IREE's only in the f32 summation order (one accumulator per output, K in order).
 Why:      a prefill chunk's products are 64 x K x N matmuls. IREE 3.13's data-tiled f32 matmul
