@@ -83,7 +83,7 @@ class F32GemmWeightsPass(GraphPass):
             fake = node.meta.get("val")
             gemms = _rewrite(graph, node, (n, k), uses, sig.output_specs)
             _packed.propagate_fake(graph, node, None, fake, stored, None)
-            self.stats.rewrite(f"packed, {gemms} fixed many-row product(s) as C kernel calls" if gemms else "packed")
+            self.stats.rewrite("packed" + _packed.rows_form(0, 0, gemms))
         graph.lint()
         program.graph_module.recompile()
         return program

@@ -141,9 +141,10 @@ def _in_layout(t, layout: str | None):
     return _packed.pack(t, GROUP)
 
 
-def _checkpoint_bytes(ckpt: Path) -> dict[str, tuple[str, str | None]]:
-    """sha256 of every tensor's bytes in an HF checkpoint folder, as it is and in each layout it may be
-    stored in (2-D f32 with whole 16-row panels: panels16) -> (its name, the layout)."""
+def _checkpoint_bytes(ckpt: Path, layouts: bool = False) -> dict[str, tuple[str, str | None]]:
+    """sha256 of every tensor's bytes in an HF checkpoint folder -> (its name, None); with `layouts`, also
+    of each tensor in the layouts it may be stored in (2-D f32 with whole 16-row panels: panels16) ->
+    (its name, the layout)."""
     import torch
     from safetensors import safe_open
 
@@ -155,16 +156,19 @@ def _checkpoint_bytes(ckpt: Path) -> dict[str, tuple[str, str | None]]:
             for k in st.keys():
                 t = st.get_tensor(k)
                 out[_sha(_tensor_bytes(t))] = (k, None)
-                if t.dtype == torch.float32 and t.dim() == 2 and t.shape[0] % GROUP == 0:
+                if layouts and t.dtype == torch.float32 and t.dim() == 2 and t.shape[0] % GROUP == 0:
                     out.setdefault(_sha(_tensor_bytes(_in_layout(t, "panels16"))), (k, "panels16"))
     return out
 
 
 def write_recipe(irpa: Path, ckpt: Path, recipe: Path, inline: Path) -> dict:
-    """The archive's entries in order: each from the checkpoint (by name) or inline, with its sha256."""
+    """The archive's entries in order: each from the checkpoint (by name, in a layout where the build's
+    manifest says a pass stored one) or inline, with its sha256."""
     import iree.runtime as rt
 
-    by_hash = _checkpoint_bytes(ckpt)
+    manifest = json.loads(irpa.with_suffix(".json").read_text())
+    packed = any(p["name"] == "f32-gemm-weights" and p["rewrote"] for p in manifest["passes"])
+    by_hash = _checkpoint_bytes(ckpt, layouts=packed)
     index = rt.ParameterIndex()
     index.load(str(irpa))
     entries, blob = [], bytearray()
@@ -255,9 +259,13 @@ def rebuild_archive(case: dict, src: Path, work: Path) -> Path:
     import numpy as np
     from safetensors import safe_open
 
+    recipe = json.loads((src / f"{case['name']}.recipe.json").read_text())["entries"]
+    unknown = [e for e in recipe if e.get("layout") not in (None, *LAYOUTS)]
+    if unknown:  # before regenerating a checkpoint for nothing
+        raise RuntimeError(f"{case['name']}: entry {unknown[0]['name']}: unknown layout {unknown[0]['layout']!r} "
+                           f"(known: {', '.join(LAYOUTS)}); prepare and run come from different llmc versions")
     ckpt = work / f"ckpt-{case['config']}-{case['ckpt_dtype']}"
     make_checkpoint(case["config"], case["ckpt_dtype"], ckpt)
-    recipe = json.loads((src / f"{case['name']}.recipe.json").read_text())["entries"]
     inline = (src / f"{case['name']}.inline.bin").read_bytes()
     where = {}  # tensor name -> its file (a checkpoint may be sharded)
     for f in sorted(ckpt.glob("*.safetensors")):
@@ -267,8 +275,6 @@ def rebuild_archive(case: dict, src: Path, work: Path) -> Path:
     index, keep = rt.ParameterIndex(), []  # keep: add_buffer refers to the arrays until the archive is written
     for e in recipe:
         if "checkpoint" in e:
-            if e.get("layout") not in (None, *LAYOUTS):
-                raise RuntimeError(f"{case['name']}: entry {e['name']}: unknown layout {e['layout']!r} (a newer prepare?)")
             with safe_open(str(where[e["checkpoint"]]), framework="pt") as st:
                 data = _tensor_bytes(_in_layout(st.get_tensor(e["checkpoint"]), e.get("layout")))
         else:

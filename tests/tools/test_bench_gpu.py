@@ -108,3 +108,16 @@ def test_probe_times_each_decode_entry_alone_and_from_python(prepared, tmp_path)
     assert all(isinstance(v, float) and v > 0 for v in rep["iree_benchmark_module_ms"].values()), rep
     assert {k.split(":")[0] for k in rep["python_ms"] if ":" in k} == {"decode_static", "decode"}
     assert all(v > 0 for v in rep["python_ms"].values()) and rep["host_copy_equal"] is True
+
+
+def test_a_recipe_with_an_unknown_layout_is_refused_before_any_work(tmp_path):
+    """A recipe from another llmc version: one clear error naming the entry, before a checkpoint is regenerated."""
+    from llmc.tools import bench_gpu
+
+    (tmp_path / "c.recipe.json").write_text(json.dumps({"entries": [
+        {"name": "w", "sha256": "0" * 64, "nbytes": 4, "checkpoint": "w", "layout": "panels32"}]}))
+    with pytest.raises(RuntimeError) as e:
+        bench_gpu.rebuild_archive({"name": "c", "config": "tiny", "ckpt_dtype": "f32"}, tmp_path, tmp_path / "work")
+    assert str(e.value) == ("c: entry w: unknown layout 'panels32' (known: panels16); "
+                            "prepare and run come from different llmc versions")
+    assert not (tmp_path / "work").exists()
