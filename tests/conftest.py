@@ -9,10 +9,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-# ---- Running alone under pytest-xdist (`make test` runs two workers: CI has 2 cores) ----
-# A test that runs on lavapipe (Mesa's CPU Vulkan driver) runs with the other worker idle: lavapipe's
-# threads want every core, and a Vulkan cell once stalled for minutes while the cores were shared
-# (docs/targets.md). Each test holds a lock (flock on this file) shared for its whole run (setup, call, teardown: a
+# ---- Lavapipe beside the other worker (`make test` runs two pytest-xdist workers: CI has 2 cores) ----
+# Lavapipe (Mesa's CPU Vulkan driver) runs its compute work on a thread pool as wide as the machine by
+# default; a Vulkan cell once stalled for minutes while those threads shared the cores with the other
+# worker. With LP_NUM_THREADS=0 (set here for the whole run, children included, unless set already)
+# lavapipe runs each dispatch on the thread that submits it: no pool, nothing to contend for (checked:
+# no llvmpipe-N threads in the process), and the tests' modules are small enough that one thread is
+# quick (the dtype matrix's bf16 cell: 0.3-0.5 s to load and run either way). Then every test runs
+# beside the other worker. Waiting for exclusivity cost more than it saved: in a timed full run the
+# matrix's vulkan-bf16 cell took 138 s, 21 s of it its own work.
+# With LP_NUM_THREADS set to anything else, the old rule holds: each test holds a lock (flock on this file) shared for its whole run (setup, call, teardown: a
 # module fixture's first setup included) and upgrades it to exclusive (waiting for the other worker's
 # test to end) when it starts on lavapipe: at vulkan_or_skip(), or, in a test marked `vulkan` (any
 # with "vulkan" in its id), at the first Vulkan device it opens in this process
@@ -20,6 +26,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # runs lavapipe in a child process is marked `vulkan_exclusive`: exclusive from its start. Without
 # xdist nothing is locked.
 _LOCK = {"fd": None, "mode": None, "lazy": False}
+_LAVAPIPE_POOL = os.environ.setdefault("LP_NUM_THREADS", "0") != "0"  # False: lavapipe inline, no exclusive lock
 
 
 def pytest_configure(config):
@@ -79,6 +86,8 @@ def _slowest_files_first(items) -> None:
 def _lock(mode: int) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER") or _LOCK["mode"] == fcntl.LOCK_EX:
         return
+    if mode == fcntl.LOCK_EX and not _LAVAPIPE_POOL:
+        return  # lavapipe runs inline (LP_NUM_THREADS=0): nothing to be alone for
     if _LOCK["fd"] is None:
         _LOCK["fd"] = os.open(__file__, os.O_RDONLY)  # this file is the lock: it exists, nothing is left behind
     fcntl.flock(_LOCK["fd"], mode)  # shared -> exclusive: Linux drops the shared lock, then waits
