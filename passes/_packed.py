@@ -45,8 +45,9 @@ _aten = torch.ops.aten
 PACK = 8  # default output channels per packed group: one AVX2 f32 vector (docs/targets.md, fp8 on cpu)
 # Output channels per packed group where compiler/ukernels.py's C kernel computes the one-row products
 # (the C code's layout). fp8: 32, one 256-bit load of codes per K step, decoded without a shuffle
-# (21 vs 16.5 GB/s on one core with G = 8; docs/targets.md "cpu matvec kernels").
-KERNEL_GROUPS = {"fp8": 32, "int8": 8, "bf16": 16, "f32": 16}  # f32: the many-row kernel only (passes/f32_gemm_weights.py)
+# (21 vs 16.5 GB/s on one core with G = 8; docs/targets.md "cpu matvec kernels"). bf16: 32, a K step
+# of a group is one 64-byte line (19.7 vs 15.9 GB/s with G = 16 on a 2048 x 768 product, Zen 4).
+KERNEL_GROUPS = {"fp8": 32, "int8": 8, "bf16": 32, "f32": 16}  # f32: the many-row kernel only (passes/f32_gemm_weights.py)
 KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
 KERNEL_OPTION = "matvec_kernels"  # ctx.options: True when compiler/ukernels.py's kernels serve this target
 

@@ -10,7 +10,8 @@ Produces: the weight rounded to bf16 (round-to-nearest-even, as `tensor.to(torch
           weight; where it is used,
               w = view_as_f32(int32(w_bits) << 16)
           an exact bf16 -> f32 widening made of integer ops. Everything after that is f32. On cpu a
-          2-D weight a matrix product reads is stored packed, [ceil(N/16), K, 16], and its uses are
+          2-D weight a matrix product reads is stored packed, [ceil(N/G), K, G] (G = 16, or 32 where
+          llmc's C kernels serve), and its uses are
           rewritten by passes/_packed.py (a decode step's linear reads each weight once, 2 bytes, in
           a reduction with 4 partial sums per channel; two or more rows (a prefill chunk, bucket or
           the dynamic prefill) go to llmc's many-row C kernel where the cpu kernels serve; without
@@ -45,7 +46,7 @@ _aten = torch.ops.aten
 # (passes/_packed.py; fp8/int8 keep its default, 8): two f32 vectors per K step share one broadcast of
 # x, so the decode loop issues fewer instructions per byte and its loads run further ahead (small
 # Llama decode 5-8% faster than 8, docs/targets.md). Where the C kernel serves, its layout
-# (_packed.KERNEL_GROUPS, also 16) decides.
+# (_packed.KERNEL_GROUPS: 32) decides.
 PACK = 16
 
 

@@ -5,12 +5,12 @@
  * compiler and rewrites each `llmc.matvec_*` op into a dispatch that calls it). A decode step's
  * linear layers are these products: y[1, N] = x[1, K] @ w[N, K].T, the weight read once from its
  * narrow packed form P[N/G, K, G] (P[b, k, j] = w[G*b + j, k]; passes/_packed.py), decoded in
- * registers and multiplied in f32. G is 32 for fp8, 8 for int8, 16 for bf16 (_packed.KERNEL_GROUPS).
+ * registers and multiplied in f32. G is 32 for fp8 and bf16, 8 for int8 (_packed.KERNEL_GROUPS).
  *
  * Why by hand: IREE 3.13's vectorizer reads one group of G channels at a time, with no software
  * prefetch, and that loop is bound by how far its loads run ahead of its arithmetic (docs/targets.md,
  * "cpu matvec kernels"). Here 4 (int8) or 2 (fp8, bf16) groups are read side by side, so 2-4 memory
- * streams are in flight, with a prefetch ahead of each. A workgroup computes `per_wg` groups (the
+ * streams are in flight, with a prefetch ahead of each (int8, fp8; bf16 without: below). A workgroup computes `per_wg` groups (the
  * caller sizes it: compiler/ukernels.py).
  *
  * Values: each weight decodes exactly as the graph's own decode does (the caller's scale and its
@@ -172,73 +172,75 @@ static inline void fp8_groups(const float *restrict x, const int8_t *restrict p,
   }
 }
 
-/* ---- 16-channel groups (bf16): 2 groups side by side ---- */
+/* ---- 32-channel groups (bf16): 2 groups side by side ----
+ *
+ * A K step of one group is 32 weights, 64 bytes: one cache line, as fp8's. On small-125m's K = 768
+ * products this loop read 19.4-20.0 GB/s where the 16-channel one (two K steps a line) read 15.9-17.2;
+ * 768 x 2048 17.1 vs 19.1 (one core, Zen 4, weights streamed from memory; docs/targets.md "cpu matvec
+ * kernels"). No software prefetch: a
+ * prefetch 512 bytes ahead of each stream cut this loop to 11 GB/s on Zen 4 (the hardware prefetcher
+ * follows two sequential streams on its own). */
 
-/* One group's 16 channels over K steps i and i + 1 (a: step i, c: step i + 1, two vectors each). */
-static inline void bf16_k2(const uint16_t *p, const float *x, size_t i, __m256 a[2], __m256 c[2]) {
-  __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);
-  a[0] = _mm256_fmadd_ps(dec_bf16(p + i * 16), x0, a[0]);
-  a[1] = _mm256_fmadd_ps(dec_bf16(p + i * 16 + 8), x0, a[1]);
-  c[0] = _mm256_fmadd_ps(dec_bf16(p + i * 16 + 16), x1, c[0]);
-  c[1] = _mm256_fmadd_ps(dec_bf16(p + i * 16 + 24), x1, c[1]);
+static inline void bf16_fma(const uint16_t *p, __m256 x, __m256 a[4]) {
+  for (int j = 0; j < 4; j++) a[j] = _mm256_fmadd_ps(dec_bf16(p + 8 * j), x, a[j]);
 }
 
-/* The last K step when K is odd. */
-static inline void bf16_k1(const uint16_t *p, const float *x, size_t i, __m256 a[2]) {
-  __m256 x0 = _mm256_broadcast_ss(x + i);
-  a[0] = _mm256_fmadd_ps(dec_bf16(p + i * 16), x0, a[0]);
-  a[1] = _mm256_fmadd_ps(dec_bf16(p + i * 16 + 8), x0, a[1]);
-}
-
-static inline void bf16_store(float *y, const __m256 a[2], const __m256 c[2]) {
-  _mm256_storeu_ps(y, _mm256_add_ps(a[0], c[0]));
-  _mm256_storeu_ps(y + 8, _mm256_add_ps(a[1], c[1]));
+static inline void bf16_store(float *y, const __m256 a[4], const __m256 c[4]) {
+  for (int j = 0; j < 4; j++) _mm256_storeu_ps(y + 8 * j, _mm256_add_ps(a[j], c[j]));
 }
 
 static inline void bf16_groups(const float *restrict x, const uint16_t *restrict p, float *restrict y, size_t k,
                                size_t first, size_t count) {
   size_t b = first, end = first + count;
-  for (; b + 2 <= end; b += 2) { /* two streams, each prefetched ahead */
-    const uint16_t *p0 = p + b * k * 16, *p1 = p0 + k * 16;
-    __m256 a0[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, c0[2] = {a0[0], a0[0]}, a1[2] = {a0[0], a0[0]}, c1[2] = {a0[0], a0[0]};
+  for (; b + 2 <= end; b += 2) { /* two streams, no software prefetch (above) */
+    const uint16_t *p0 = p + b * k * 32, *p1 = p0 + k * 32;
+    __m256 a0[4], c0[4], a1[4], c1[4];
+    for (int j = 0; j < 4; j++) a0[j] = c0[j] = a1[j] = c1[j] = _mm256_setzero_ps();
     size_t i = 0;
     for (; i + 2 <= k; i += 2) {
-      _mm_prefetch((const char *)(p0 + i * 16) + PREFETCH_BYTES, _MM_HINT_T0);
-      _mm_prefetch((const char *)(p1 + i * 16) + PREFETCH_BYTES, _MM_HINT_T0);
-      bf16_k2(p0, x, i, a0, c0);
-      bf16_k2(p1, x, i, a1, c1);
+      __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);
+      bf16_fma(p0 + i * 32, x0, a0);
+      bf16_fma(p1 + i * 32, x0, a1);
+      bf16_fma(p0 + i * 32 + 32, x1, c0);
+      bf16_fma(p1 + i * 32 + 32, x1, c1);
     }
     if (i < k) {
-      bf16_k1(p0, x, i, a0);
-      bf16_k1(p1, x, i, a1);
+      __m256 x0 = _mm256_broadcast_ss(x + i);
+      bf16_fma(p0 + i * 32, x0, a0);
+      bf16_fma(p1 + i * 32, x0, a1);
     }
-    bf16_store(y + b * 16, a0, c0);
-    bf16_store(y + b * 16 + 16, a1, c1);
+    bf16_store(y + b * 32, a0, c0);
+    bf16_store(y + b * 32 + 32, a1, c1);
   }
   if (b < end) { /* an odd group out */
-    const uint16_t *p0 = p + b * k * 16;
-    __m256 a0[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, c0[2] = {a0[0], a0[0]};
+    const uint16_t *p0 = p + b * k * 32;
+    __m256 a0[4], c0[4];
+    for (int j = 0; j < 4; j++) a0[j] = c0[j] = _mm256_setzero_ps();
     size_t i = 0;
-    for (; i + 2 <= k; i += 2) bf16_k2(p0, x, i, a0, c0);
-    if (i < k) bf16_k1(p0, x, i, a0);
-    bf16_store(y + b * 16, a0, c0);
+    for (; i + 2 <= k; i += 2) {
+      bf16_fma(p0 + i * 32, _mm256_broadcast_ss(x + i), a0);
+      bf16_fma(p0 + i * 32 + 32, _mm256_broadcast_ss(x + i + 1), c0);
+    }
+    if (i < k) bf16_fma(p0 + i * 32, _mm256_broadcast_ss(x + i), a0);
+    bf16_store(y + b * 32, a0, c0);
   }
 }
 
 /* ---- many-row products over bf16 groups (a prefill chunk or bucket: M fixed) ----
  *
- * y[M, N] = x[M, K] @ w.T with w's 16-channel groups as the B panels of a 6 x 16 register block:
- * 12 f32 accumulators (6 rows x two 8-lane halves), each k step decodes the panel's 16 bf16 weights
- * once and multiplies them with 6 broadcast x values. IREE 3.13's data-tiled matmul for AVX2 uses an
- * 8 x 8 block (8 accumulators), which waits on the FMA latency: 73-82 GFLOP/s on small-125m's
- * prefill products on this project's EPYC, against 91-95 for this block in a standalone loop (1
- * thread, 128 x 2048 x 768 and 128 x 768 x 2048; docs/targets.md "bf16 prefill kernel"). A panel
- * (K x 16 x 2 bytes: 24 KiB at K = 768) stays in L1 while every 6-row block of x passes over it. */
+ * y[M, N] = x[M, K] @ w.T with each 32-channel group's two 16-channel halves as the B panels of a 6 x 16
+ * register block: 12 f32 accumulators (6 rows x two 8-lane halves), each k step decodes the panel's 16
+ * bf16 weights once and multiplies them with 6 broadcast x values. IREE 3.13's data-tiled matmul for
+ * AVX2 uses an 8 x 8 block (8 accumulators), which waits on the FMA latency: 73-82 GFLOP/s on
+ * small-125m's prefill products on this project's EPYC, against 91-95 for this block in a standalone
+ * loop (1 thread, 128 x 2048 x 768 and 128 x 768 x 2048; docs/targets.md "bf16 prefill kernel"). A
+ * half panel's rows are 32 weights apart, so its K cache lines (48 KiB at K = 768) stay in L2 while
+ * every 6-row block of x passes over it. */
 
 /* The 6 x 16 block, generic in how a panel row of 16 weights becomes two f32 vectors: NAME##_rows##R
  * computes y[R rows, 16 columns] (+)= x[R rows, 0 : kb] @ w[kb][16] (first: y overwritten, else
  * added to), x's rows ldx apart; NAME##_panel runs it over every row of x. */
-#define GEMM_ROWS(NAME, T, LOAD, R)                                                                        \
+#define GEMM_ROWS(NAME, T, LOAD, WS, R)                                                                    \
   static inline void NAME##_rows##R(const float *restrict x, size_t ldx, size_t kb, const T *restrict w,  \
                                     float *restrict y, size_t ldy, int first) {                            \
     __m256 a0[R], a1[R];                                                                                   \
@@ -247,7 +249,7 @@ static inline void bf16_groups(const float *restrict x, const uint16_t *restrict
       a1[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy + 8);                              \
     }                                                                                                      \
     for (size_t i = 0; i < kb; i++) {                                                                      \
-      __m256 b0 = LOAD(w + i * 16), b1 = LOAD(w + i * 16 + 8);                                             \
+      __m256 b0 = LOAD(w + i * WS), b1 = LOAD(w + i * WS + 8);                                             \
       _Pragma("GCC unroll 8") for (int j = 0; j < R; j++) {                                                \
         __m256 a = _mm256_broadcast_ss(x + j * ldx + i);                                                   \
         a0[j] = _mm256_fmadd_ps(a, b0, a0[j]);                                                             \
@@ -260,13 +262,13 @@ static inline void bf16_groups(const float *restrict x, const uint16_t *restrict
     }                                                                                                      \
   }
 
-#define GEMM_PANEL(NAME, T, LOAD)                                                                          \
-  GEMM_ROWS(NAME, T, LOAD, 6)                                                                              \
-  GEMM_ROWS(NAME, T, LOAD, 5)                                                                              \
-  GEMM_ROWS(NAME, T, LOAD, 4)                                                                              \
-  GEMM_ROWS(NAME, T, LOAD, 3)                                                                              \
-  GEMM_ROWS(NAME, T, LOAD, 2)                                                                              \
-  GEMM_ROWS(NAME, T, LOAD, 1)                                                                              \
+#define GEMM_PANEL(NAME, T, LOAD, WS)                                                                      \
+  GEMM_ROWS(NAME, T, LOAD, WS, 6)                                                                          \
+  GEMM_ROWS(NAME, T, LOAD, WS, 5)                                                                          \
+  GEMM_ROWS(NAME, T, LOAD, WS, 4)                                                                          \
+  GEMM_ROWS(NAME, T, LOAD, WS, 3)                                                                          \
+  GEMM_ROWS(NAME, T, LOAD, WS, 2)                                                                          \
+  GEMM_ROWS(NAME, T, LOAD, WS, 1)                                                                          \
   static inline void NAME##_panel(const float *restrict x, size_t m, size_t ldx, size_t kb, const T *restrict w, \
                                   float *restrict y, size_t ldy, int first) {                              \
     size_t r = 0;                                                                                          \
@@ -281,14 +283,18 @@ static inline void bf16_groups(const float *restrict x, const uint16_t *restrict
     }                                                                                                      \
   }
 
-GEMM_PANEL(gemm_bf16, uint16_t, dec_bf16)     /* the packed bf16 bits, decoded in the loop */
-GEMM_PANEL(gemm_f32, float, _mm256_load_ps)   /* a decoded f32 buffer (fp8, int8: below) */
-GEMM_PANEL(gemm_f32w, float, _mm256_loadu_ps) /* f32 weights packed in the .irpa (llmc_gemm_f32) */
+GEMM_PANEL(gemm_bf16, uint16_t, dec_bf16, 32)     /* half of a 32-channel bf16 group, decoded in the loop */
+GEMM_PANEL(gemm_f32, float, _mm256_load_ps, 16)   /* a decoded f32 buffer (fp8, int8: below) */
+GEMM_PANEL(gemm_f32w, float, _mm256_loadu_ps, 16) /* f32 weights packed in the .irpa (llmc_gemm_f32) */
 
-/* groups [first, first + count) of y's 16-channel column blocks, every row */
+/* groups [first, first + count) of y's 32-channel column blocks, every row: each group's two 16-channel
+ * halves as panels whose rows are 32 weights apart */
 static inline void bf16_gemm_groups(const float *restrict x, const uint16_t *restrict p, float *restrict y, size_t m,
                                     size_t k, size_t n, size_t first, size_t count) {
-  for (size_t b = first; b < first + count; b++) gemm_bf16_panel(x, m, k, k, p + b * k * 16, y + b * 16, n, 1);
+  for (size_t b = first; b < first + count; b++) {
+    gemm_bf16_panel(x, m, k, k, p + b * k * 32, y + b * 32, n, 1);
+    gemm_bf16_panel(x, m, k, k, p + b * k * 32 + 16, y + b * 32 + 16, n, 1);
+  }
 }
 
 /* f32 weights stored packed (passes/f32_gemm_weights.py): the panels are the weight itself */
@@ -400,7 +406,7 @@ void llmc_matvec_bf16(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(
                                   first, count))                                                           \
   }
 
-GEMM_ENTRY(bf16, uint16_t, 16)
+GEMM_ENTRY(bf16, uint16_t, 32)
 GEMM_ENTRY(fp8, int8_t, 32)
 GEMM_ENTRY(int8, int8_t, 8)
 GEMM_ENTRY(f32, float, 16)

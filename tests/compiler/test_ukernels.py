@@ -283,7 +283,7 @@ def test_import_takes_a_gemm_op_with_a_dynamic_row_count():
     module, *_ = importer.import_programs([(export.Exported(_gemm_program("bf16", True), ""), "main")])
     text = str(module)
     name = ukernels.gemm_declaration_name("bf16", None, 2, 4)
-    assert f"func.func private @{name}(tensor<?x4xf32>, tensor<2x4x16xi16>) -> tensor<?x32xf32>" in text
+    assert f"func.func private @{name}(tensor<?x4xf32>, tensor<2x4x32xi16>) -> tensor<?x64xf32>" in text
     linked = ukernels.link(text)
     assert "%m = tensor.dim %x, %c0 : tensor<?x4xf32>" in linked
     assert f"@{ukernels.EXECUTABLE}::@gemm_bf16[%g, %per](%x, %p, %m, %k, %g, %per) : (tensor<?x4xf32>{{%m}}," in linked
@@ -297,7 +297,7 @@ def test_import_refuses_a_gemm_op_of_another_form():
     ep.graph_module.graph.find_nodes(op="call_function", target=_packed.GEMM_OPS["f32"])[0].target = _packed.GEMM_OPS["bf16"]
     with pytest.raises(CompileError) as e:
         importer.import_programs([(export.Exported(ep, ""), "main")])
-    assert str(e.value) == ("llmc::gemm_bf16 takes x [M, K] f32 and si16 codes [N/16, K, 16], K and the codes static; "
+    assert str(e.value) == ("llmc::gemm_bf16 takes x [M, K] f32 and si16 codes [N/32, K, 32], K and the codes static; "
                             "got !torch.vtensor<[3,4],f32> and !torch.vtensor<[2,4,16],f32>")
     assert e.value.exit_code == 3
 

@@ -8,7 +8,8 @@
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype bf16 --stats 2> %t.kgemm.stats | filecheck %s --check-prefix=KGEMM
 # RUN: filecheck %s --check-prefix=KGEMMSTATS < %t.kgemm.stats
 # bf16 on cpu: f32 math, bf16 weights stored as their int16 bits. A linear weight [N, K] is stored
-# packed, [ceil(N/16), K, 16] (N = 12 padded to 16 with zero rows; bf16's group is 16 channels): with two input rows it is widened
+# packed, [ceil(N/G), K, G] (G = 16 for IREE's own loops, 32 where llmc's C kernels serve: N = 12 padded
+# to G with zero rows): with two input rows it is widened
 # (int32 << 16, read as f32) and unpacked to [N, K] for the f32 matmul, or, where the C kernels serve (KGEMM),
 # a fixed row count goes to llmc's many-row kernel over the packed bits; with one row (a decode step)
 # the product is an elementwise multiply and a sum over K of the widened packed weight, K split
@@ -65,7 +66,7 @@ torch.export.save(torch.export.export(M(), (torch.tensor([3]),)), sys.argv[2])
 
 # KROW-LABEL:  func.func @main
 # KROW-NOT:    torch.aten.mm
-# KROW:        call @__llmc_matvec_bf16_1x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<1x16x16xi16>) -> tensor<1x16xf32>
+# KROW:        call @__llmc_matvec_bf16_1x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<1x16x32xi16>) -> tensor<1x32xf32>
 # KROW:        torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[1,12],f32>
 # KROW-NOT:    torch.aten.sum.dim_IntList
 # KROW:        flow.dispatch @__llmc_kernels::@matvec_bf16
@@ -75,7 +76,7 @@ torch.export.save(torch.export.export(M(), (torch.tensor([3]),)), sys.argv[2])
 
 # KGEMM-LABEL: func.func @main
 # KGEMM-NOT:   torch.aten.mm
-# KGEMM:       call @__llmc_gemm_bf16_2x1x16(%{{.*}}, %{{.*}}) : (tensor<2x16xf32>, tensor<1x16x16xi16>) -> tensor<2x16xf32>
+# KGEMM:       call @__llmc_gemm_bf16_2x1x16(%{{.*}}, %{{.*}}) : (tensor<2x16xf32>, tensor<1x16x32xi16>) -> tensor<2x32xf32>
 # KGEMM:       torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[2,12],f32>
 # KGEMM-NOT:   torch.aten.mm
 # KGEMM:       flow.dispatch @__llmc_kernels::@gemm_bf16
