@@ -10,8 +10,8 @@
  * Why by hand: IREE 3.13's vectorizer reads one group of G channels at a time, with no software
  * prefetch, and that loop is bound by how far its loads run ahead of its arithmetic (docs/targets.md,
  * "cpu matvec kernels"). Here 4 (int8) or 2 (fp8, bf16) groups are read side by side, so 2-4 memory
- * streams are in flight, with a prefetch ahead of each (int8, fp8; bf16 without: below). A workgroup computes `per_wg` groups (the
- * caller sizes it: compiler/ukernels.py).
+ * streams are in flight, with a prefetch ahead of each (int8, fp8; bf16 has none: below). A workgroup
+ * computes `per_wg` groups (the caller sizes it: compiler/ukernels.py).
  *
  * Values: each weight decodes exactly as the graph's own decode does (the caller's scale and its
  * constant factor are applied after the sum, in the graph):
@@ -177,9 +177,8 @@ static inline void fp8_groups(const float *restrict x, const int8_t *restrict p,
  * A K step of one group is 32 weights, 64 bytes: one cache line, as fp8's. On small-125m's K = 768
  * products this loop read 19.4-20.0 GB/s where the 16-channel one (two K steps a line) read 15.9-17.2;
  * 768 x 2048 17.1 vs 19.1 (one core, Zen 4, weights streamed from memory; docs/targets.md "cpu matvec
- * kernels"). No software prefetch: a
- * prefetch 512 bytes ahead of each stream cut this loop to 11 GB/s on Zen 4 (the hardware prefetcher
- * follows two sequential streams on its own). */
+ * kernels"). No software prefetch: a prefetch 512 bytes ahead of each stream cut this loop to 11 GB/s
+ * on Zen 4 (the hardware prefetcher follows two sequential streams on its own). */
 
 static inline void bf16_fma(const uint16_t *p, __m256 x, __m256 a[4]) {
   for (int j = 0; j < 4; j++) a[j] = _mm256_fmadd_ps(dec_bf16(p + 8 * j), x, a[j]);
@@ -239,7 +238,7 @@ static inline void bf16_groups(const float *restrict x, const uint16_t *restrict
 
 /* The 6 x 16 block, generic in how a panel row of 16 weights becomes two f32 vectors: NAME##_rows##R
  * computes y[R rows, 16 columns] (+)= x[R rows, 0 : kb] @ w[kb][16] (first: y overwritten, else
- * added to), x's rows ldx apart; NAME##_panel runs it over every row of x. */
+ * added to), x's rows ldx apart, w's rows WS elements apart; NAME##_panel runs it over every row of x. */
 #define GEMM_ROWS(NAME, T, LOAD, WS, R)                                                                    \
   static inline void NAME##_rows##R(const float *restrict x, size_t ldx, size_t kb, const T *restrict w,  \
                                     float *restrict y, size_t ldy, int first) {                            \
