@@ -18,21 +18,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # quick (the dtype matrix's bf16 cell: 0.3-0.5 s to load and run either way). Then every test runs
 # beside the other worker, none waits for the other's test to end: test_dtype_matrix.py and
 # test_tensor_parallel.py on two workers took 189.8-194.1 s this way against 208.9 s with the lock.
-# With LP_NUM_THREADS set to anything else, the old rule holds: each test holds a lock (flock on this file) shared for its whole run (setup, call, teardown: a
-# module fixture's first setup included) and upgrades it to exclusive (waiting for the other worker's
-# test to end) when it starts on lavapipe: at vulkan_or_skip(), or, in a test marked `vulkan` (any
-# with "vulkan" in its id), at the first Vulkan device it opens in this process
-# (llmc.runtime.device.shared_device), so that its compiles run beside the other worker. A test that
-# runs lavapipe in a child process is marked `vulkan_exclusive`: exclusive from its start. Without
-# xdist nothing is locked.
+# With LP_NUM_THREADS set to anything else, the old rule holds: each test holds a lock (flock on this
+# file) shared for its whole run (setup, call, teardown: a module fixture's first setup included) and
+# upgrades it to exclusive (waiting for the other worker's test to end) when it starts on lavapipe: at
+# vulkan_or_skip(), or, in a test marked `vulkan` (any with "vulkan" in its id), at the first Vulkan
+# device it opens in this process (llmc.runtime.device.shared_device), so that its compiles run beside
+# the other worker. A test that runs lavapipe in a child process is marked `vulkan_exclusive`:
+# exclusive from its start. Without xdist, or with LP_NUM_THREADS=0, nothing is locked.
 _LOCK = {"fd": None, "mode": None, "lazy": False}
-_LAVAPIPE_POOL = os.environ.setdefault("LP_NUM_THREADS", "0") != "0"  # False: lavapipe inline, no exclusive lock
+_LAVAPIPE_POOL = os.environ.setdefault("LP_NUM_THREADS", "0") != "0"  # False: lavapipe inline, no lock
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "vulkan: runs on lavapipe in this process; under pytest-xdist it runs there while the other workers wait")
     config.addinivalue_line("markers", "vulkan_exclusive: runs on lavapipe in a child process; under pytest-xdist the other workers wait for all of it")
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if os.environ.get("PYTEST_XDIST_WORKER") and _LAVAPIPE_POOL:
         _lock_at_vulkan_devices()
 
 
@@ -84,10 +84,8 @@ def _slowest_files_first(items) -> None:
 
 
 def _lock(mode: int) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER") or _LOCK["mode"] == fcntl.LOCK_EX:
-        return
-    if mode == fcntl.LOCK_EX and not _LAVAPIPE_POOL:
-        return  # lavapipe runs inline (LP_NUM_THREADS=0): nothing to be alone for
+    if not _LAVAPIPE_POOL or not os.environ.get("PYTEST_XDIST_WORKER") or _LOCK["mode"] == fcntl.LOCK_EX:
+        return  # lavapipe inline (LP_NUM_THREADS=0): nothing to be alone for, so nothing is locked
     if _LOCK["fd"] is None:
         _LOCK["fd"] = os.open(__file__, os.O_RDONLY)  # this file is the lock: it exists, nothing is left behind
     fcntl.flock(_LOCK["fd"], mode)  # shared -> exclusive: Linux drops the shared lock, then waits
