@@ -20,10 +20,11 @@ this module turns each into an IREE dispatch of that C function:
      cache). IREE links it into every llvm-cpu executable variant it builds.
 
 Why: IREE 3.13's vectorized loop reads one group of channels at a time with no software prefetch,
-and is bound by how far its loads run ahead of its arithmetic; the C loop reads 4 (int8) or 2
-(fp8, bf16) groups side by side (int8's and fp8's with a prefetch ahead of each), fp8 (32 channels a
-group) decodes 32 codes from one load without a shuffle, and a K step of a bf16 group (32 channels) is
-one cache line. Measured in docs/targets.md ("cpu matvec kernels").
+and is bound by how far its loads run ahead of its arithmetic; the C loop reads a workgroup's groups
+one after the other as one sequential stream where a group is under 64 KiB (4 (int8) or 2 (fp8, bf16)
+side by side from 64 KiB; int8's and fp8's with a prefetch ahead), fp8 (32 channels a group) decodes
+32 codes from one load without a shuffle, and a K step of a bf16 group (32 channels) is one cache
+line. Measured in docs/targets.md ("cpu matvec kernels").
 
 Safe because: the C decode of each weight is the graph's own (bit-exact: integer ops and the f32 read
 of the result, or int -> f32), the scale and its factor stay in the graph after the sum, and only

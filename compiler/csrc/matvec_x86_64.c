@@ -9,8 +9,9 @@
  *
  * Why by hand: IREE 3.13's vectorizer reads one group of G channels at a time, with no software
  * prefetch, and that loop is bound by how far its loads run ahead of its arithmetic (docs/targets.md,
- * "cpu matvec kernels"). Here 4 (int8) or 2 (fp8, bf16) groups are read side by side, so 2-4 memory
- * streams are in flight, with a prefetch ahead of each (int8, fp8; bf16 has none: below). A workgroup
+ * "cpu matvec kernels"). Where a group of channels is 64 KiB or more, 4 (int8) or 2 (fp8, bf16) groups are
+ * read side by side, so 2-4 memory streams are in flight; smaller groups one after the other (one
+ * stream: faster on one Zen 4 core), with a prefetch ahead of each (int8, fp8; bf16 has none: below). A workgroup
  * computes `per_wg` groups (the caller sizes it: compiler/ukernels.py).
  *
  * Values: each weight decodes exactly as the graph's own decode does (the caller's scale and its
@@ -19,7 +20,7 @@
  *   int8 (signed codes): the integer as f32
  *   bf16 (bf16 bits):    bits << 16 read as f32 (exact)
  * Only the f32 summation order differs from the graph: 2 partial sums per channel (even and odd k),
- * one where fp8 reads two groups side by side.
+ * 4 in int8's one-group loop (k mod 4), one where fp8 reads two groups side by side.
  *
  * Embedded-ELF rules (IREE loads the executable itself): no libc, no globals, no TLS, no syscalls.
  *
@@ -46,12 +47,19 @@ static inline __m256 dec_bf16(const uint16_t *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-/* ---- 8-channel groups (int8): 4 groups side by side ---- */
+/* ---- 8-channel groups (int8): one group at a time, or 4 side by side from K = 8192 ----
+ *
+ * Four groups side by side only where a group is 64 KiB or more; smaller groups one after the other
+ * (4 partial sums per channel), so a workgroup's weights are one sequential stream. small-125m int8
+ * decode at 1 thread, both forms alternating in one process: 119.9 -> 177.3 tok/s; 2 threads 153.7 ->
+ * 168.1 (docs/targets.md "cpu matvec kernels"). */
+
+#define INT8_QUAD_MIN_K 8192
 
 static inline void int8_groups(const float *restrict x, const int8_t *restrict p, float *restrict y,
                                size_t k, size_t first, size_t count) {
   size_t b = first, end = first + count;
-  for (; b + 4 <= end; b += 4) {
+  for (; k >= INT8_QUAD_MIN_K && b + 4 <= end; b += 4) {
     const int8_t *p0 = p + b * k * 8, *p1 = p0 + k * 8, *p2 = p1 + k * 8, *p3 = p2 + k * 8;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
     size_t i = 0;
@@ -86,8 +94,16 @@ static inline void int8_groups(const float *restrict x, const int8_t *restrict p
   }
   for (; b < end; b++) {
     const int8_t *p0 = p + b * k * 8;
-    __m256 a0 = _mm256_setzero_ps(), c0 = a0;
+    __m256 a0 = _mm256_setzero_ps(), c0 = a0, a1 = a0, c1 = a0;
     size_t i = 0;
+    for (; i + 4 <= k; i += 4) {
+      if ((i & 7) == 0) _mm_prefetch((const char *)(p0 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);
+      a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);
+      c0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 8), _mm256_broadcast_ss(x + i + 1), c0);
+      a1 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 16), _mm256_broadcast_ss(x + i + 2), a1);
+      c1 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 24), _mm256_broadcast_ss(x + i + 3), c1);
+    }
+    a0 = _mm256_add_ps(a0, a1); c0 = _mm256_add_ps(c0, c1);
     for (; i + 2 <= k; i += 2) {
       a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);
       c0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 8), _mm256_broadcast_ss(x + i + 1), c0);
@@ -97,7 +113,7 @@ static inline void int8_groups(const float *restrict x, const int8_t *restrict p
   }
 }
 
-/* ---- 32-channel groups (fp8): 2 groups side by side ----
+/* ---- 32-channel groups (fp8): one group at a time, or 2 side by side from K = 2048 ----
  *
  * One K step of a group is 32 codes, one 256-bit load: dword d holds channels 4d..4d+3 (byte j is
  * channel 4d + j). Each code is moved to the top byte of a 16-bit half and shifted right by 4 with
@@ -107,6 +123,13 @@ static inline void int8_groups(const float *restrict x, const int8_t *restrict p
  * (vpmovsxbd) per 8 codes ran at 16.5 GB/s on one Zen 3 core, this at 21 (docs/targets.md). */
 
 #define FP8_MASK _mm256_set1_epi32((int)0x87F00000u)
+
+/* Two groups side by side only where a group is 64 KiB or more (K >= 2048); smaller groups one after
+ * the other, so a workgroup's weights are one sequential stream. small-125m fp8 decode (K = 768 and
+ * 2048: every group under 64 KiB) at 1 thread, both forms alternating in one process: 158.6 -> 202.9
+ * tok/s (the same without the prefetch in the one-group loop: 203.8); at 2 threads 211.3 -> 217.3,
+ * within the noise (docs/targets.md "cpu matvec kernels"). */
+#define FP8_PAIR_MIN_K 2048
 
 /* The 32 codes at p -> d[j] lane d = channel 4d + j. */
 static inline void dec_fp8x32(const int8_t *p, __m256 d[4]) {
@@ -140,7 +163,7 @@ static inline void fp8_store(float *y, const __m256 a[4]) {
 static inline void fp8_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t k,
                               size_t first, size_t count) {
   size_t b = first, end = first + count;
-  for (; b + 2 <= end; b += 2) { /* two streams, each prefetched ahead; one partial sum per channel */
+  for (; k >= FP8_PAIR_MIN_K && b + 2 <= end; b += 2) { /* two streams, each prefetched ahead; one partial sum per channel */
     const int8_t *p0 = p + b * k * 32, *p1 = p0 + k * 32;
     __m256 a0[4], a1[4];
     for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm256_setzero_ps();
@@ -156,7 +179,7 @@ static inline void fp8_groups(const float *restrict x, const int8_t *restrict p,
     fp8_store(y + b * 32, a0);
     fp8_store(y + b * 32 + 32, a1);
   }
-  if (b < end) { /* an odd group out: even and odd k apart */
+  for (; b < end; b++) { /* one group at a time (small groups, an odd group out): even and odd k apart */
     const int8_t *p0 = p + b * k * 32;
     __m256 a0[4], c0[4];
     for (int j = 0; j < 4; j++) a0[j] = c0[j] = _mm256_setzero_ps();
@@ -172,13 +195,20 @@ static inline void fp8_groups(const float *restrict x, const int8_t *restrict p,
   }
 }
 
-/* ---- 32-channel groups (bf16): 2 groups side by side ----
+/* ---- 32-channel groups (bf16): one group at a time, or 2 side by side from K = 1024 ----
  *
  * A K step of one group is 32 weights, 64 bytes: one cache line, as fp8's. On small-125m's K = 768
  * products this loop read 19.4-20.0 GB/s where the 16-channel one (two K steps a line) read 15.9-17.2;
  * 768 x 2048 17.1 vs 19.1 (one core, Zen 4, weights streamed from memory; docs/targets.md "cpu matvec
  * kernels"). No software prefetch: a prefetch 512 bytes ahead of each stream cut this loop to 11 GB/s
- * on Zen 4 (the hardware prefetcher follows two sequential streams on its own). */
+ * on Zen 4 (the hardware prefetcher follows two sequential streams on its own).
+ * Two groups side by side only where a group is 64 KiB or more (K >= 1024): a smaller group is read
+ * alone, one after the other, so the workgroup's weights are one sequential stream. small-125m bf16
+ * decode (K = 768 except the down projection) at 1 thread, both forms alternating in one process:
+ * 108.2 -> 124.4 and 95.7 -> 107.8 tok/s; reading the K = 2048 products alone as well made no further
+ * difference there (121.3), and in a C harness two streams read K = 2048 groups 5-8% faster. */
+
+#define BF16_PAIR_MIN_K 1024
 
 static inline void bf16_fma(const uint16_t *p, __m256 x, __m256 a[4]) {
   for (int j = 0; j < 4; j++) a[j] = _mm256_fmadd_ps(dec_bf16(p + 8 * j), x, a[j]);
@@ -191,7 +221,7 @@ static inline void bf16_store(float *y, const __m256 a[4], const __m256 c[4]) {
 static inline void bf16_groups(const float *restrict x, const uint16_t *restrict p, float *restrict y, size_t k,
                                size_t first, size_t count) {
   size_t b = first, end = first + count;
-  for (; b + 2 <= end; b += 2) { /* two streams, no software prefetch (above) */
+  for (; k >= BF16_PAIR_MIN_K && b + 2 <= end; b += 2) { /* two streams, no software prefetch (above) */
     const uint16_t *p0 = p + b * k * 32, *p1 = p0 + k * 32;
     __m256 a0[4], c0[4], a1[4], c1[4];
     for (int j = 0; j < 4; j++) a0[j] = c0[j] = a1[j] = c1[j] = _mm256_setzero_ps();
@@ -211,7 +241,7 @@ static inline void bf16_groups(const float *restrict x, const uint16_t *restrict
     bf16_store(y + b * 32, a0, c0);
     bf16_store(y + b * 32 + 32, a1, c1);
   }
-  if (b < end) { /* an odd group out */
+  for (; b < end; b++) { /* one group at a time: small groups, and an odd group out */
     const uint16_t *p0 = p + b * k * 32;
     __m256 a0[4], c0[4];
     for (int j = 0; j < 4; j++) a0[j] = c0[j] = _mm256_setzero_ps();

@@ -94,9 +94,12 @@ def _run_linked(tmp_path, text: str, x: torch.Tensor, p: torch.Tensor) -> torch.
     return torch.from_numpy(np.load(tmp_path / "y.npy"))
 
 
-# groups x K: 8 groups (the 4- and 2-group loops only), 7 and 3 groups (the one-group tail), odd K (the last-k tail)
-@pytest.mark.parametrize("kind", ["fp8", "int8", "bf16"])
-@pytest.mark.parametrize("groups, k", [(8, 64), (7, 37), (3, 768)])
+# groups x K: 8 groups (the 4- and 2-group loops only), 7 and 3 groups (the one-group tail), odd K (the last-k
+# tail). Groups are read side by side only from 64 KiB a group (K >= 8192 int8, 2048 fp8, 1024 bf16; one at a
+# time below): 5 x 2053 runs fp8's and bf16's pairs (2 groups per workgroup) and a one-group workgroup, 5 x 8195
+# int8's 4-group loop and its tail
+@pytest.mark.parametrize("kind, groups, k", [(kind, g, k) for kind in ("fp8", "int8", "bf16")
+                                             for g, k in [(8, 64), (7, 37), (3, 768), (5, 2053)]] + [("int8", 5, 8195)])
 def test_compiled_kernel_matches_torch(tmp_path, kind, groups, k):
     text = ukernels.link(_module(kind, groups, k))
     assert f"flow.dispatch @{ukernels.EXECUTABLE}::@matvec_{kind}" in text
@@ -104,10 +107,11 @@ def test_compiled_kernel_matches_torch(tmp_path, kind, groups, k):
     codes = _codes(kind, groups * group, k, 3)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(4))
     got = _run_linked(tmp_path, text, x, _packed.pack(codes, group))
-    _assert_within_summation_error(got, x, kind, codes)
+    # the worst-case bound grows as K x sum|x w| and the values as sqrt(K): at K = 8195 it is 1.4% of them
+    _assert_within_summation_error(got, x, kind, codes, tight=1e-2 if k < 4096 else 3e-2)
 
 
-def _assert_within_summation_error(got, x, kind, codes):
+def _assert_within_summation_error(got, x, kind, codes, tight=1e-2):
     """Each output within f32 summation's worst case of the exact (f64) sum: K x 2^-24 x sum |x w|, plus, per
     term, the f32 subnormal range: IREE's workers run with denormals flushed to zero (inputs and results),
     and fp8 values are computed x 2^-120, so an E4M3 subnormal code (< 2^-6, x 2^-120 < 2^-126) reads as 0
@@ -120,7 +124,7 @@ def _assert_within_summation_error(got, x, kind, codes):
     assert got.shape == want.shape
     over = (got.double() - want.double()).abs() / bound
     assert float(over.max()) <= 1.0, f"channel {int(over.argmax())}: error {float(over.max()):.3g}x the summation bound"
-    assert float(bound.max()) < 1e-2 * float(want.abs().max())  # the bound is far tighter than the values checked
+    assert float(bound.max()) < tight * float(want.abs().max())  # the bound is far tighter than the values checked
 
 
 @pytest.mark.parametrize("kind", ["fp8", "int8", "bf16", "f32"])
