@@ -8,8 +8,10 @@ memory-bandwidth roofline measured in the same run.
 Compiles one artifact per `--dtypes` entry for cpu (fp8 and int8 with `--quant-embeddings`), then for each
 thread count starts a worker process (IREE's CPU device and torch's thread pool are per process, so
 no run inherits another's threads). A worker loads every artifact with that thread count, sets
-torch.set_num_threads to it, measures read bandwidth (torch sum over a 256 MiB f32 tensor, median of
-5), then alternates --reps rounds (plus one dropped warm-up round) of: each artifact's greedy
+torch.set_num_threads to it, then alternates --reps rounds (plus one dropped warm-up round) of: read
+bandwidth (torch sum over a 256 MiB f32 tensor, median of 3; measured in every round because this
+project's machines drift by 20-30% within minutes, so the roofline is the median over the rounds and
+the report gives the range), each artifact's greedy
 generate(prompt, --decode tokens), and eager PyTorch (llmc's own Llama with a KV cache:
 LlamaPrefill + LlamaDecode) in each `--eager` dtype. Prefill tok/s = prompt tokens / time to the
 first new token; decode tok/s = decode steps / their time. --weights picks where llmc's weights live
@@ -169,10 +171,13 @@ def worker(spec: dict) -> dict:
         if mod.cpu_variant:
             print(f"  {name}: this CPU runs the {mod.cpu_variant} variant", file=sys.stderr, flush=True)
     prompt, n_new, max_len = spec["prompt_ids"], spec["decode"], spec["max_len"]
-    bw = bandwidth_gb_s()
+    bandwidth = []  # one figure per timed round, next to the runs it is a roofline for
     samples = {name: {"prefill": [], "decode": []} for name in [*mods, *eager]}
     prefill_functions = {name: set() for name in mods}  # which entry point each llmc prefill ran (a bucket or not)
     for rep in range(spec["reps"] + 1):  # round 0 warms up and is dropped
+        bw = bandwidth_gb_s(3)
+        if rep:
+            bandwidth.append(bw)
         for name, mod in mods.items():
             mod.generate(prompt, n_new, stop_at_eos=False)
             g = mod.last_generation
@@ -186,7 +191,7 @@ def worker(spec: dict) -> dict:
                 samples[name]["prefill"].append(p)
                 samples[name]["decode"].append(d)
         print(f"  threads {threads}: round {rep}/{spec['reps']} done", file=sys.stderr, flush=True)
-    return {"threads": threads, "bandwidth_gb_s": bw, "samples": samples,
+    return {"threads": threads, "bandwidth_gb_s": statistics.median(bandwidth), "bandwidth_samples": bandwidth, "samples": samples,
             "weights": {name: [mod.weights, mod.weights_reason] for name, mod in mods.items()},
             "prefill_functions": {name: sorted(f) for name, f in prefill_functions.items()}}
 
@@ -214,7 +219,9 @@ def markdown(report: dict) -> str:
     head = (f"# llmc bench: {report['model']} ({report['streamed_parameters'] / 1e6:.1f}M streamed parameters), "
             f"prompt {report['prompt']}, decode {report['decode']}, median of {report['reps']}\n\n"
             f"{report['machine']['cpu']}; read bandwidth " +
-            ", ".join(f"{r['bandwidth_gb_s']:.1f} GB/s at {r['threads']} thread(s)" for r in report["runs"]) + "\n\n")
+            ", ".join(f"{r['bandwidth_gb_s']:.1f} GB/s at {r['threads']} thread(s)"
+                      f" ({min(r['bandwidth_samples']):.1f}-{max(r['bandwidth_samples']):.1f} over the rounds)"
+                      for r in report["runs"]) + "\n\n")
     weights = report["runs"][0].get("weights", {}) if report["runs"] else {}
     if weights:
         head += "llmc weights: " + "; ".join(f"{name}: {mode} ({why})" for name, (mode, why) in weights.items()) + "\n\n"

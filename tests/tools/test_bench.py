@@ -68,6 +68,9 @@ def test_decode_roofline_uses_the_streamed_weight_bytes(reports, which):
     assert rep["streamed_parameters"] == sum(p.numel() for p in llama.parameters()) - embed
     bw = rep["runs"][0]["bandwidth_gb_s"]
     assert bw > 0.1
+    # the roofline's bandwidth is the median of the figures measured in each timed round
+    assert len(rep["runs"][0]["bandwidth_samples"]) == rep["reps"]
+    assert bw == pytest.approx(statistics.median(rep["runs"][0]["bandwidth_samples"]))
     for r in rep["rows"]:
         if r["phase"] == "decode":
             per_weight = {"fp8": 1, "f32": 4, "bf16": 2}[r["engine"].split()[1]]
