@@ -52,6 +52,8 @@ from llmc.passes._packed import GEMM_GROUP_MULTIPLE, KERNEL_GROUPS
 SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
 # The ops the graph passes emit, as torch-mlir imports them (`torch.operator "torch.llmc.matvec_fp8"`).
 OPERATOR_PREFIX = "torch.llmc.matvec_"
+ATTN_OPERATOR = "torch.llmc.attn_decode"  # a decode step's attention (passes/decode_attention_kernel.py)
+ATTN_DECL_PREFIX = "__llmc_attn_decode_"
 GEMM_PREFIX = "torch.llmc.gemm_"  # many-row products (llmc::gemm_<kind>: prefill chunks and buckets, M fixed; the dynamic prefill, M from x)
 # kind -> (element type of the packed codes, output channels per group G: the passes pack that way)
 KINDS = {kind: (elem, KERNEL_GROUPS[kind]) for kind, elem in (("fp8", "i8"), ("int8", "i8"), ("bf16", "i16"))}
@@ -203,13 +205,16 @@ def lower_calls(module) -> int:
     from llmc.passes._base import vtensor_dims, walk_ops
 
     ops = [op for op in walk_ops(module, {"torch.operator"})
-           if ir.StringAttr(op.attributes["name"]).value.startswith((OPERATOR_PREFIX, GEMM_PREFIX))]
+           if ir.StringAttr(op.attributes["name"]).value.startswith((OPERATOR_PREFIX, GEMM_PREFIX, ATTN_OPERATOR))]
     if not ops:
         return 0
     declared = set()
     with module.context, ir.Location.unknown():
         for op in ops:
             op_name = ir.StringAttr(op.attributes["name"]).value
+            if op_name.startswith(ATTN_OPERATOR):
+                _lower_attention(module, op, declared)
+                continue
             gemm = op_name.startswith(GEMM_PREFIX)
             kind = op_name[len(GEMM_PREFIX if gemm else OPERATOR_PREFIX):].split(".")[0]
             elem, group = (GEMM_LAYOUTS if gemm else KINDS)[kind]
@@ -255,10 +260,52 @@ def lower_calls(module) -> int:
     return len(ops)
 
 
+def attention_declaration_name(hq: int, hk: int, c: int, d: int) -> str:
+    return f"{ATTN_DECL_PREFIX}{hq}x{hk}x{c}x{d}"
+
+
+def _lower_attention(module, op, declared: set) -> None:
+    """`llmc::attn_decode(q [1, Hq, 1, D], kc [1, Hk, C, D], vc, bias [1, 1, 1, L])` -> a call of a declared
+    function on builtin tensors (L dynamic or static)."""
+    from torch_mlir import ir
+
+    from llmc.passes._base import vtensor_dims
+
+    q, kc, vc, bias = op.operands
+    (qs, qe), (ks, ke), (vs, ve), (bs, be) = (vtensor_dims(str(t.type)) for t in (q, kc, vc, bias))
+    ok = (len(qs) == 4 and len(ks) == 4 and len(bs) == 4 and (qe, ke, ve, be) == ("f32",) * 4 and ks == vs
+          and all(x.isdigit() for x in (*qs, *ks)) and qs[0] == qs[2] == ks[0] == "1" and qs[3] == ks[3]
+          and bs[:3] == ["1", "1", "1"] and int(qs[1]) % int(ks[1]) == 0)
+    if not ok:
+        raise CompileError(f"llmc::attn_decode takes q [1, Hq, 1, D], caches [1, Hk, C, D] and a bias [1, 1, 1, L], all f32 "
+                           f"and static but L; got {q.type}, {kc.type}, {vc.type}, {bias.type}")
+    hq, hk, c, d = int(qs[1]), int(ks[1]), int(ks[2]), int(qs[3])
+    length = "?" if not bs[3].isdigit() else bs[3]
+    name = attention_declaration_name(hq, hk, c, d) + ("" if length == "?" else f"_L{length}")
+    t_q, t_c = ir.Type.parse(f"tensor<1x{hq}x1x{d}xf32>"), ir.Type.parse(f"tensor<1x{hk}x{c}x{d}xf32>")
+    t_b = ir.Type.parse(f"tensor<1x1x1x{length}xf32>")
+    if name not in declared:
+        fn_type = ir.FunctionType.get([t_q, t_c, t_c, t_b], [t_q])
+        decl = ir.Operation.create("func.func", attributes={
+            "sym_name": ir.StringAttr.get(name), "function_type": ir.TypeAttr.get(fn_type),
+            "sym_visibility": ir.StringAttr.get("private")}, regions=1)
+        module.body.append(decl)
+        declared.add(name)
+    with ir.InsertionPoint(op), op.location:
+        args = [ir.Operation.create("torch_c.to_builtin_tensor", results=[t], operands=[x]).result
+                for t, x in ((t_q, q), (t_c, kc), (t_c, vc), (t_b, bias))]
+        call = ir.Operation.create("func.call", results=[t_q], operands=args,
+                                   attributes={"callee": ir.FlatSymbolRefAttr.get(name)}).result
+        y = ir.Operation.create("torch_c.from_builtin_tensor", results=[op.results[0].type], operands=[call]).result
+    op.results[0].replace_all_uses_with(y)
+    op.erase()
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. on the text for iree-compile: bodies and the executable
 
 _DECL = re.compile(rf"^(\s*)func\.func private @({DECL_PREFIX}({'|'.join(KINDS)})_(\d+)x(\d+))\(.*$", re.M)
+_ATTN_DECL = re.compile(rf"^(\s*)func\.func private @({ATTN_DECL_PREFIX}(\d+)x(\d+)x(\d+)x(\d+)(?:_L(\d+))?)\(.*$", re.M)
 _GEMM_DECL = re.compile(rf"^(\s*)func\.func private @({GEMM_DECL_PREFIX}({'|'.join(GEMM_KINDS)})_(\d+|D)x(\d+)x(\d+))\(.*$", re.M)
 
 
@@ -297,6 +344,53 @@ def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int |
         "}",
     ]
     return "\n".join(indent + line for line in lines)
+
+
+def _attention_definition(indent: str, name: str, hq: int, hk: int, c: int, d: int, length: int | None) -> str:
+    """The body of a declared attention function: a flow.dispatch of @attn_decode, one workgroup per KV
+    head, L read from the bias (its dynamic last dim, or the static one)."""
+    tq, tc = f"tensor<1x{hq}x1x{d}xf32>", f"tensor<1x{hk}x{c}x{d}xf32>"
+    tb = f"tensor<1x1x1x{'?' if length is None else length}xf32>"
+    row_count = (["  %c3 = arith.constant 3 : index", f"  %l = tensor.dim %b, %c3 : {tb}"] if length is None else
+                 [f"  %l = arith.constant {length} : index"])
+    dims = "{%l}" if length is None else ""
+    lines = [
+        f"func.func private @{name}(%q: {tq}, %k: {tc}, %v: {tc}, %b: {tb}) -> {tq} {{",
+        *row_count,
+        f"  %hk = arith.constant {hk} : index",
+        f"  %g = arith.constant {hq // hk} : index",
+        f"  %c = arith.constant {c} : index",
+        f"  %d = arith.constant {d} : index",
+        f"  %y = flow.dispatch @{EXECUTABLE}::@attn_decode[%hk](%q, %k, %v, %b, %l, %hk, %g, %c, %d) : "
+        f"({tq}, {tc}, {tc}, {tb}{dims}, index, index, index, index, index) -> {tq}",
+        f"  return %y : {tq}",
+        "}",
+    ]
+    return "\n".join(indent + line for line in lines)
+
+
+def _attention_executable_parts() -> tuple[str, str]:
+    export = """\
+  stream.executable.export public @attn_decode workgroups(%hk: index) -> (index, index, index) {
+    %c1 = arith.constant 1 : index
+    stream.return %hk, %c1, %c1 : index, index, index
+  }"""
+    func = """\
+    func.func private @llmc_attn_decode(memref<?xf32>, memref<?xf32>, memref<?xf32>, memref<?xf32>, memref<?xf32>, index, index, index, index, index) attributes {hal.import.static}
+    func.func @attn_decode(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bb: !stream.binding, %by: !stream.binding, %l: index, %hk: index, %g: index, %c: index, %d: index) {
+      %c0 = arith.constant 0 : index
+      %h = stream.dispatch.workgroup.id[0] : index
+      %nq = affine.apply affine_map<()[s0, s1, s2] -> (s0 * s1 * s2)>()[%hk, %g, %d]
+      %nk = affine.apply affine_map<()[s0, s1, s2] -> (s0 * s1 * s2)>()[%hk, %c, %d]
+      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?xf32>{%nq}
+      %k = stream.binding.subspan %bk[%c0] : !stream.binding -> memref<?xf32>{%nk}
+      %v = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?xf32>{%nk}
+      %b = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xf32>{%l}
+      %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{%nq}
+      func.call @llmc_attn_decode(%q, %k, %v, %b, %y, %l, %g, %c, %d, %h) : (memref<?xf32>, memref<?xf32>, memref<?xf32>, memref<?xf32>, memref<?xf32>, index, index, index, index, index) -> ()
+      return
+    }"""
+    return export, func
 
 
 def _export(function: str) -> str:
@@ -338,8 +432,12 @@ def _gemm_executable_parts(kind: str) -> tuple[str, str]:
     return export, func
 
 
-def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = ()) -> str:
+def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attention: bool = False) -> str:
     exports, funcs = [], []
+    if attention:
+        export, func = _attention_executable_parts()
+        exports.append(export)
+        funcs.append(func)
     for kind in gemm_kinds:
         export, func = _gemm_executable_parts(kind)
         exports.append(export)
@@ -379,11 +477,14 @@ def link(mlir: str) -> str:
     text unchanged when it declares none."""
     found = list(_DECL.finditer(mlir))
     found_gemm = list(_GEMM_DECL.finditer(mlir))
-    if not found and not found_gemm:
+    found_attn = list(_ATTN_DECL.finditer(mlir))
+    if not found and not found_gemm and not found_attn:
         return mlir
+    mlir = _ATTN_DECL.sub(lambda m: _attention_definition(m.group(1), m.group(2), *(int(m.group(i)) for i in range(3, 7)),
+                                                          int(m.group(7)) if m.group(7) else None), mlir)
     out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5))), mlir)
     out = _GEMM_DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(5)), int(m.group(6)),
                                                m="D" if m.group(4) == "D" else int(m.group(4))), out)
     end = out.rstrip().rfind("}")  # the module's own closing brace: the executable goes inside it
     return out[:end] + _executable(build_object(), sorted({m.group(3) for m in found}),
-                                   sorted({m.group(3) for m in found_gemm})) + "\n" + out[end:]
+                                   sorted({m.group(3) for m in found_gemm}), attention=bool(found_attn)) + "\n" + out[end:]

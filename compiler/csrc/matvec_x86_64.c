@@ -439,3 +439,140 @@ GEMM_ENTRY(bf16, uint16_t, 32)
 GEMM_ENTRY(fp8, int8_t, 32)
 GEMM_ENTRY(int8, int8_t, 8)
 GEMM_ENTRY(f32, float, 16)
+
+/* ---- decode attention: one query row per head over the first L rows of an f32 KV cache ----
+ *
+ * llmc_attn_decode(q, k, v, bias, y, l, g, c, d, h): for KV head h and each of its g query heads j,
+ *   y[h g + j] = softmax_t(q[h g + j] . k[h, t] + bias[t]) @ v[h, t]    for t < l (q already scaled)
+ * q, y: [Hk * g, d]; k, v: the cache [Hk, c, d] (rows l..c-1 are not read); bias: [l], additive
+ * (-inf masks a row). One workgroup per KV head. The rows are read once for all g query heads, in
+ * blocks of ATTN_BLOCK with the softmax kept online (a running maximum and sum per query head, the
+ * accumulated output rescaled when the maximum grows), so scores never need L floats of stack. A
+ * query row whose every score is -inf gives 0, as PyTorch's SDPA does (torch 2.13 on cpu).
+ * Needs d % 8 == 0, d <= ATTN_MAX_D, g <= ATTN_MAX_G (compiler/ukernels.py checks before emitting).
+ *
+ * exp: e^x = 2^n e^r with n = round(x log2 e), r = x - n ln 2 (ln 2 in two parts), e^r by its Taylor
+ * series to r^7 (|r| <= ln2 / 2: relative error under 2^-23); x < -87 (the f32 normal range's end,
+ * and -inf) gives exactly 0, as exp does there with denormals flushed (IREE's workers flush them). */
+
+#define ATTN_BLOCK 64
+#define ATTN_MAX_D 256
+#define ATTN_MAX_G 8
+
+static inline __m256 exp_neg(__m256 x) { /* x <= 0 or -inf; NaN stays NaN */
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  __m256 keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ); /* false for x < -87 and -inf; true for NaN */
+  x = _mm256_max_ps(x, lo);                       /* NaN in x: max returns lo; restored below */
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23); /* n in [-126, 0]: 2^n is normal */
+  __m256 y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+  return _mm256_blendv_ps(_mm256_and_ps(y, keep), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+static inline float hsum8(__m256 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/* 8 vectors -> one vector of their 8 horizontal sums (lane i = sum of a[i]) */
+static inline __m256 hsum8x8(const __m256 a[8]) {
+  __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+  __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+  __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  /* s0123 lanes: [a0 a1 a2 a3 | a0 a1 a2 a3] partial halves (low 128 = low halves' sums, high = high halves') */
+  __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20), hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+
+static void attn_head(const float *restrict q, const float *restrict k, const float *restrict v,
+                      const float *restrict bias, float *restrict y, size_t l, size_t g, size_t d) {
+  float acc[ATTN_MAX_G][ATTN_MAX_D] __attribute__((aligned(32)));
+  float sc[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(32)));
+  float mx[ATTN_MAX_G], sum[ATTN_MAX_G];
+  size_t dv = d / 8;
+  for (size_t j = 0; j < g; j++) {
+    mx[j] = -__builtin_inff();
+    sum[j] = 0.0f;
+    for (size_t e = 0; e < d; e += 8) _mm256_store_ps(acc[j] + e, _mm256_setzero_ps());
+  }
+  for (size_t t0 = 0; t0 < l; t0 += ATTN_BLOCK) {
+    size_t n = l - t0 < ATTN_BLOCK ? l - t0 : ATTN_BLOCK;
+    const float *kb = k + t0 * d, *vb = v + t0 * d;
+    /* scores: 8 rows at a time, one vector of 8 sums per query head */
+    size_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+      for (size_t j = 0; j < g; j++) {
+        __m256 a[8];
+        for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
+        for (size_t e = 0; e < dv; e++) {
+          __m256 qe = _mm256_loadu_ps(q + j * d + 8 * e);
+          for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(qe, _mm256_loadu_ps(kb + (t + r) * d + 8 * e), a[r]);
+        }
+        _mm256_store_ps(sc[j] + t, _mm256_add_ps(hsum8x8(a), _mm256_loadu_ps(bias + t0 + t)));
+      }
+    }
+    for (; t < n; t++) {
+      for (size_t j = 0; j < g; j++) {
+        __m256 a = _mm256_setzero_ps();
+        for (size_t e = 0; e < dv; e++) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * d + 8 * e), _mm256_loadu_ps(kb + t * d + 8 * e), a);
+        sc[j][t] = hsum8(a) + bias[t0 + t];
+      }
+    }
+    /* online softmax: the block's maximum, the old sums and outputs rescaled, weights e^(s - max) */
+    for (size_t j = 0; j < g; j++) {
+      float m = mx[j];
+      for (size_t i = 0; i < n; i++) m = sc[j][i] > m ? sc[j][i] : m;
+      if (m == -__builtin_inff()) { /* every score so far masked: weights 0, nothing to add */
+        for (size_t i = 0; i < n; i++) sc[j][i] = 0.0f;
+        continue;
+      }
+      float alpha = _mm256_cvtss_f32(exp_neg(_mm256_set1_ps(mx[j] - m))); /* mx = -inf: 0 */
+      mx[j] = m;
+      __m256 va = _mm256_set1_ps(alpha), vm = _mm256_set1_ps(m), s = _mm256_setzero_ps();
+      for (size_t e = 0; e < d; e += 8) _mm256_store_ps(acc[j] + e, _mm256_mul_ps(_mm256_load_ps(acc[j] + e), va));
+      size_t i = 0;
+      for (; i + 8 <= n; i += 8) {
+        __m256 w = exp_neg(_mm256_sub_ps(_mm256_load_ps(sc[j] + i), vm));
+        _mm256_store_ps(sc[j] + i, w);
+        s = _mm256_add_ps(s, w);
+      }
+      float tail = 0.0f;
+      for (; i < n; i++) {
+        float w = _mm256_cvtss_f32(exp_neg(_mm256_set1_ps(sc[j][i] - m)));
+        sc[j][i] = w;
+        tail += w;
+      }
+      sum[j] = sum[j] * alpha + hsum8(s) + tail;
+    }
+    /* outputs: each value row read once for all query heads */
+    for (size_t i = 0; i < n; i++) {
+      const float *vr = vb + i * d;
+      for (size_t e = 0; e < d; e += 8) {
+        __m256 ve = _mm256_loadu_ps(vr + e);
+        for (size_t j = 0; j < g; j++)
+          _mm256_store_ps(acc[j] + e, _mm256_fmadd_ps(_mm256_set1_ps(sc[j][i]), ve, _mm256_load_ps(acc[j] + e)));
+      }
+    }
+  }
+  for (size_t j = 0; j < g; j++) {
+    __m256 inv = _mm256_set1_ps(sum[j] > 0.0f ? 1.0f / sum[j] : 0.0f); /* every key masked: 0 */
+    for (size_t e = 0; e < d; e += 8) _mm256_storeu_ps(y + j * d + e, _mm256_mul_ps(_mm256_load_ps(acc[j] + e), inv));
+  }
+}
+
+void llmc_attn_decode(MEMREF(const float, q), MEMREF(const float, k), MEMREF(const float, v), MEMREF(const float, bias),
+                      MEMREF(float, y), size_t l, size_t g, size_t c, size_t d, size_t h) {
+  attn_head(DATA(q) + h * g * d, DATA(k) + h * c * d, DATA(v) + h * c * d, DATA(bias), DATA(y) + h * g * d, l, g, d);
+}

@@ -309,3 +309,76 @@ def test_import_refuses_a_gemm_op_of_another_form():
 def test_link_leaves_a_module_without_kernels_alone():
     text = "module {\n  func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {\n    return %a : tensor<4xf32>\n  }\n}\n"
     assert ukernels.link(text) is text
+
+
+# ---- the decode attention kernel (passes/decode_attention_kernel.py) ----
+
+def _attention_module(hq: int, hk: int, c: int, d: int, length: int | None) -> str:
+    """main(q, kc, vc, bias) calling the declared attention function as llmc's import makes it
+    (length None: the bias's last dim, L, is dynamic)."""
+    name = ukernels.attention_declaration_name(hq, hk, c, d) + ("" if length is None else f"_L{length}")
+    tq, tc, tb = f"tensor<1x{hq}x1x{d}xf32>", f"tensor<1x{hk}x{c}x{d}xf32>", f"tensor<1x1x1x{'?' if length is None else length}xf32>"
+    return (f"module {{\n  func.func private @{name}({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
+            f"  func.func @main(%q: {tq}, %k: {tc}, %v: {tc}, %b: {tb}) -> {tq} {{\n"
+            f"    %y = func.call @{name}(%q, %k, %v, %b) : ({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
+            f"    return %y : {tq}\n  }}\n}}\n")
+
+
+def _run_module(tmp_path, text: str, *inputs: torch.Tensor) -> torch.Tensor:
+    """Compile `text` for x86-64-v3 and run main(*inputs) with iree-run-module."""
+    src, vmfb = tmp_path / "m.mlir", tmp_path / "m.vmfb"
+    src.write_text(text)
+    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=x86-64-v3"]
+    subprocess.run([iree_compile_path(), str(src), *flags, "-o", str(vmfb)], check=True, capture_output=True, text=True)
+    args = []
+    for i, t in enumerate(inputs):
+        np.save(tmp_path / f"in{i}.npy", t.numpy())
+        args.append(f"--input=@{tmp_path / f'in{i}.npy'}")
+    run = subprocess.run([str(Path(sys.executable).parent / "iree-run-module"), f"--module={vmfb}", "--device=local-task",
+                          "--function=main", *args, f"--output=@{tmp_path / 'y.npy'}"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return torch.from_numpy(np.load(tmp_path / "y.npy"))
+
+
+# (Hq, Hk, cache rows C, D, L, static L): small-125m's step (12 on 4, D 64) at 140 of 168 rows, dynamic;
+# one row; a block and a bit (64 + 9 rows: the 8-row loop, its tail, the next block rescaling the first);
+# 8B-like heads (32 on 8, D 128); no grouping (Hq = Hk), the whole cache with a static L
+@pytest.mark.parametrize("hq, hk, c, d, length, static", [(12, 4, 168, 64, 140, False), (12, 4, 168, 64, 1, False),
+                                                          (6, 2, 80, 16, 73, False), (32, 8, 40, 128, 40, False),
+                                                          (4, 4, 24, 8, 24, True)])
+def test_compiled_attention_kernel_matches_torch(tmp_path, hq, hk, c, d, length, static):
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, hq, 1, d, generator=g) * d**-0.5
+    kc, vc = torch.randn(1, hk, c, d, generator=g) * 2, torch.randn(1, hk, c, d, generator=g)
+    bias = torch.zeros(1, 1, 1, length)
+    bias[..., 1::3] = float("-inf")  # masked rows, never the first
+    if length > 64:
+        bias[..., 70] = 3.0  # a score that grows the running maximum in the second block
+    got = _run_module(tmp_path, ukernels.link(_attention_module(hq, hk, c, d, length if static else None)), q, kc, vc, bias)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kc[:, :, :length].double(), vc[:, :, :length].double(),
+                                                            attn_mask=bias.double(), scale=1.0, enable_gqa=True)
+    assert got.shape == want.shape
+    # f32 scores (D products), an exp within 2^-23 relative and f32 sums over L rows: a few ulp of the
+    # largest output; a wrong row, head or mask is off by the values themselves (|out| ~ 0.1-1)
+    err = float((got.double() - want).abs().max())
+    assert err < 1e-5 * max(1.0, float(want.abs().max())), err
+    # the eager op (what a rewritten program runs in torch) is the same attention
+    from llmc.passes.decode_attention_kernel import attn_decode
+
+    assert torch.allclose(attn_decode(q, kc, vc, bias).double(), want, atol=1e-5)
+
+
+def test_compiled_attention_kernel_gives_zero_for_a_row_with_every_key_masked(tmp_path):
+    """As PyTorch's SDPA does (torch 2.13 on cpu), rather than softmax's 0 / 0: the compiled kernel and the eager op."""
+    from llmc.passes.decode_attention_kernel import attn_decode
+
+    q, kc, vc = torch.randn(1, 2, 1, 8), torch.randn(1, 1, 16, 8), torch.randn(1, 1, 16, 8)
+    bias = torch.full((1, 1, 1, 9), float("-inf"))
+    bias[..., 0] = 0.0
+    got = _run_module(tmp_path, ukernels.link(_attention_module(2, 1, 16, 8, None)), q, kc, vc, torch.full((1, 1, 1, 9), float("-inf")))
+    want = torch.nn.functional.scaled_dot_product_attention(q, kc[:, :, :9], vc[:, :, :9], attn_mask=torch.full((1, 1, 1, 9), float("-inf")),
+                                                            enable_gqa=True)
+    assert bool((want == 0).all()) and bool((got == 0).all())
+    assert bool((attn_decode(q, kc, vc, torch.full((1, 1, 1, 9), float("-inf"))) == 0).all())
+    # one key kept: its value row exactly
+    assert torch.equal(attn_decode(q, kc, vc, bias), vc[:, :, :1].expand(1, 2, 1, 8))

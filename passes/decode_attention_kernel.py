@@ -1,0 +1,151 @@
+"""decode-attention-kernel: a decode step's attention over the f32 KV cache as one call of llmc's C kernel.
+
+Matches:  on llvm-cpu where llmc's C kernels serve the target (compiler/ukernels.py `unavailable`),
+          every `aten.scaled_dot_product_attention(q, k, v, bias)` with
+            q [1, Hq, 1, D] f32 (one query row: a decode step), no dropout, not causal;
+            k, v the first L rows of caches kc, vc [1, Hk, C, D] f32 (`aten.slice[_copy](kc, 2, 0, L)`, or the
+              whole cache, L = C: the static decode), Hq a multiple of Hk (grouped-query), D a multiple
+              of 8 and at most 256, Hq / Hk at most 8;
+            bias an additive f32 mask [1, 1, 1, L] (-inf: masked).
+Produces: `llmc::attn_decode(q * scale, kc, vc, bias) -> [1, Hq, 1, D]`, which compiler/ukernels.py
+          makes a dispatch of `llmc_attn_decode` (compiler/csrc/matvec_x86_64.c): one workgroup per KV
+          head, its G query heads scored against each cache row as it is read, the softmax kept
+          online (a running maximum and sum), the rows after L never read. Eager, the op is the
+          same arithmetic in torch, so a rewritten program still runs.
+Safe because: the kernel computes softmax(q k^T * scale + bias) v over rows 0..L-1 as PyTorch's math
+          attention defines it, in f32: scores are f32 dot products (8 partial sums per row), the
+          softmax's exponentials come from a polynomial within 2^-23 of e^x relative (0 below -87,
+          where f32 e^x is subnormal and IREE's workers flush it to 0 anyway), and a row whose every
+          score is -inf gives 0, as PyTorch's SDPA does (torch 2.13 on cpu; decompose-attention's
+          decode form gives NaN there). The cache rows the slice leaves out are the ones the kernel
+          does not read.
+Why: passes/decompose-attention's decode form (multiply + sum reductions, which IREE 3.13 compiles
+          into three dispatches) read the cache at 5-10 GB/s: small-125m's shape (12 query heads on
+          4 KV heads, D = 64) took 55 us a layer at 140 cached rows and 0.9 ms at 4096, i.e. a 4096-
+          token decode step of that model spent longer in attention (10.8 ms) than in streaming its
+          weights. The kernel, alone in a C harness on the same machine: 14.8 us at 140 rows, 414 us at
+          4096 (docs/targets.md "Decode attention kernel").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmc.passes._base import DecompositionPass, Requires, register_pass
+
+_aten = torch.ops.aten
+SDPA = _aten.scaled_dot_product_attention.default
+MAX_HEAD_DIM = 256  # compiler/csrc: ATTN_MAX_D
+MAX_GROUP = 8  # compiler/csrc: ATTN_MAX_G
+
+
+@torch.library.custom_op("llmc::attn_decode", mutates_args=())
+def attn_decode(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T + bias) v over the first L = bias.shape[-1] rows of the caches, q already scaled:
+    q [1, Hq, 1, D], kc/vc [1, Hk, C, D], bias [1, 1, 1, L] -> [1, Hq, 1, D] (f32)."""
+    _, hq, _, d = q.shape
+    hk, length = kc.shape[1], bias.shape[-1]
+    g = hq // hk
+    k, v = kc[:, :, :length].float(), vc[:, :, :length].float()
+    scores = torch.einsum("bhgd,bhld->bhgl", q.float().reshape(1, hk, g, d), k) + bias.float().reshape(1, 1, 1, length)
+    # a row with every key masked gives 0 (as PyTorch's SDPA), not softmax's NaN
+    top = scores.amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)
+    e = torch.exp(scores - top)
+    out = torch.einsum("bhgl,bhld->bhgd", e, v) / e.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    return out.reshape(1, hq, 1, d)
+
+
+@attn_decode.register_fake
+def _(q, kc, vc, bias):
+    return torch.empty_like(q, dtype=torch.float32)
+
+
+def _kernels_serve(ctx) -> str | None:
+    from llmc.compiler import ukernels
+
+    return ukernels.unavailable(ctx.target)
+
+
+def _refusal(node) -> str | None:
+    """Why this SDPA call is not a decode step's attention the kernel computes (None when it is)."""
+    args = list(node.args) + [None] * (8 - len(node.args))
+    q, k, v, mask, dropout, causal = args[:6]
+    kw = node.kwargs
+    mask = kw.get("attn_mask", mask)
+    dropout = kw.get("dropout_p", dropout) or 0.0
+    causal = kw.get("is_causal", causal) or False
+    if dropout or causal:
+        return "dropout or causal"
+    if mask is None:
+        return "no additive f32 mask"
+    vals = [getattr(n, "meta", {}).get("val") for n in (q, k, v, mask)]
+    if any(t is None for t in vals):
+        return "no shapes recorded"
+    tq, tk, tv, tb = vals
+    if any(t.dtype != torch.float32 for t in vals):
+        return "not f32"
+    if tq.dim() != 4 or tq.shape[0] != 1 or tq.shape[2] != 1:
+        return "not one query row of batch 1"
+    kc, vc = _cache(k), _cache(v)
+    if kc is None or vc is None:
+        return "k/v not the first rows of a cache"
+    tkc, tvc = kc.meta.get("val"), vc.meta.get("val")
+    hq, d = tq.shape[1], tq.shape[3]
+    if tkc is None or tvc is None or tkc.shape != tvc.shape or tkc.dim() != 4 or tkc.shape[3] != d:
+        return "cache shapes"
+    hk = tkc.shape[1]
+    if not all(isinstance(s, int) for s in (hq, d, hk, tkc.shape[2])):
+        return "dynamic head count, head size or cache rows"
+    if hq % hk or hq // hk > MAX_GROUP or d % 8 or d > MAX_HEAD_DIM:
+        return f"{hq} query heads on {hk}, head size {d} (the kernel: a multiple of 8 up to {MAX_HEAD_DIM}, up to {MAX_GROUP} per KV head)"
+    if tb.dim() != 4 or tuple(tb.shape[:3]) != (1, 1, 1) or str(tb.shape[3]) != str(tk.shape[2]) or str(tv.shape[2]) != str(tk.shape[2]):
+        return "mask not an additive [1, 1, 1, L] row over the rows attended"
+    return None
+
+
+SLICES = (_aten.slice.Tensor, _aten.slice_copy.Tensor)  # slice_copy: llmc's Llama decode (passes/slice_copy.py)
+
+
+def _cache(node):
+    """The cache whose first rows `node` is (a slice along dim 2 from 0, step 1), or node itself."""
+    if getattr(node, "op", None) == "call_function" and node.target in SLICES:
+        args = list(node.args) + [0, None, None, 1][len(node.args) - 1:]
+        src, dim, start, _, step = args[:5]
+        return src if dim == 2 and start in (0, None) and step in (1, None) else None
+    return node
+
+
+@register_pass("decode-attention-kernel", Requires(backends=("llvm-cpu",), check=_kernels_serve))
+class DecodeAttentionKernelPass(DecompositionPass):
+    """Rewrites the exported graph before it is decomposed (the decomposition retrace would turn the
+    cache slices into tensors of their own, and decompose-attention owns SDPA's table entry)."""
+
+    def decompositions(self) -> dict:
+        return {}
+
+    def before_decomposing(self, program) -> None:
+        graph = program.graph_module.graph
+        for node in list(graph.find_nodes(op="call_function", target=SDPA)):
+            why = _refusal(node)
+            if why:
+                self.stats.decline(node.name, why)
+                continue
+            q, k, v = node.args[:3]
+            mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+            scale = node.kwargs.get("scale", node.args[6] if len(node.args) > 6 else None)
+            d = q.meta["val"].shape[3]
+            scale = d**-0.5 if scale is None else scale
+            with graph.inserting_before(node):
+                qs = graph.call_function(_aten.mul.Scalar, (q, scale))
+                qs.meta["val"] = q.meta["val"] * scale
+                call = graph.call_function(torch.ops.llmc.attn_decode.default, (qs, _cache(k), _cache(v), mask))
+                call.meta["val"] = node.meta["val"]
+                for key in ("stack_trace", "nn_module_stack"):
+                    if key in node.meta:
+                        call.meta[key] = qs.meta[key] = node.meta[key]
+            node.replace_all_uses_with(call)
+            graph.erase_node(node)
+            self.stats.rewrite()
+        graph.eliminate_dead_code()
+        graph.lint()
+        program.graph_module.recompile()
