@@ -21,8 +21,8 @@ this module turns each into an IREE dispatch of that C function:
 
 Why: IREE 3.13's vectorized loop reads one group of channels at a time with no software prefetch,
 and is bound by how far its loads run ahead of its arithmetic; the C loop reads a workgroup's groups
-one after the other as one sequential stream where a group is under 64 KiB (4 (int8) or 2 (fp8, bf16)
-side by side from 64 KiB; int8's and fp8's with a prefetch ahead), fp8 (32 channels a group) decodes
+one after the other as one sequential stream (bf16 and int8 groups of 64 KiB or more 2 and 4 side by
+side; int8's and fp8's with a prefetch ahead), fp8 (32 channels a group) decodes
 32 codes from one load without a shuffle, and a K step of a bf16 group (32 channels) is one cache
 line. Measured in docs/targets.md ("cpu matvec kernels").
 

@@ -132,7 +132,7 @@ class DecodeAttentionKernelPass(DecompositionPass):
                 continue
             q, k, v = node.args[:3]
             mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
-            scale = node.kwargs.get("scale", node.args[6] if len(node.args) > 6 else None)
+            scale = node.kwargs.get("scale")  # keyword-only in SDPA's schema
             d = q.meta["val"].shape[3]
             scale = d**-0.5 if scale is None else scale
             with graph.inserting_before(node):
@@ -145,7 +145,9 @@ class DecodeAttentionKernelPass(DecompositionPass):
                         call.meta[key] = qs.meta[key] = node.meta[key]
             node.replace_all_uses_with(call)
             graph.erase_node(node)
+            for sliced in {k, v}:  # the cache slices, now read by nothing
+                if sliced is not _cache(sliced) and not sliced.users:
+                    graph.erase_node(sliced)
             self.stats.rewrite()
-        graph.eliminate_dead_code()
         graph.lint()
         program.graph_module.recompile()

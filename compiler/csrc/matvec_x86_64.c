@@ -9,9 +9,9 @@
  *
  * Why by hand: IREE 3.13's vectorizer reads one group of G channels at a time, with no software
  * prefetch, and that loop is bound by how far its loads run ahead of its arithmetic (docs/targets.md,
- * "cpu matvec kernels"). Where a group of channels is 64 KiB or more, 4 (int8) or 2 (fp8, bf16) groups are
- * read side by side, so 2-4 memory streams are in flight; smaller groups one after the other (one
- * stream: faster on one Zen 4 core), with a prefetch ahead of each (int8, fp8; bf16 has none: below). A workgroup
+ * "cpu matvec kernels"). Here a workgroup's groups of channels are read one after the other, one
+ * sequential stream (faster than several side by side on one Zen 4 core), except groups of 64 KiB or
+ * more of bf16 (2 side by side) and int8 (4); int8's and fp8's loops prefetch ahead. A workgroup
  * computes `per_wg` groups (the caller sizes it: compiler/ukernels.py).
  *
  * Values: each weight decodes exactly as the graph's own decode does (the caller's scale and its
@@ -20,7 +20,7 @@
  *   int8 (signed codes): the integer as f32
  *   bf16 (bf16 bits):    bits << 16 read as f32 (exact)
  * Only the f32 summation order differs from the graph: 2 partial sums per channel (even and odd k),
- * 4 in int8's one-group loop (k mod 4), one where fp8 reads two groups side by side.
+ * 4 in int8's one-group loop (k mod 4).
  *
  * Embedded-ELF rules (IREE loads the executable itself): no libc, no globals, no TLS, no syscalls.
  *
@@ -113,7 +113,7 @@ static inline void int8_groups(const float *restrict x, const int8_t *restrict p
   }
 }
 
-/* ---- 32-channel groups (fp8): one group at a time, or 2 side by side from K = 2048 ----
+/* ---- 32-channel groups (fp8): one group at a time ----
  *
  * One K step of a group is 32 codes, one 256-bit load: dword d holds channels 4d..4d+3 (byte j is
  * channel 4d + j). Each code is moved to the top byte of a 16-bit half and shifted right by 4 with
@@ -124,12 +124,12 @@ static inline void int8_groups(const float *restrict x, const int8_t *restrict p
 
 #define FP8_MASK _mm256_set1_epi32((int)0x87F00000u)
 
-/* Two groups side by side only where a group is 64 KiB or more (K >= 2048); smaller groups one after
- * the other, so a workgroup's weights are one sequential stream. small-125m fp8 decode (K = 768 and
- * 2048: every group under 64 KiB) at 1 thread, both forms alternating in one process: 158.6 -> 202.9
- * tok/s (the same without the prefetch in the one-group loop: 203.8); at 2 threads 211.3 -> 217.3,
- * within the noise (docs/targets.md "cpu matvec kernels"). */
-#define FP8_PAIR_MIN_K 2048
+/* One group at a time, so a workgroup's weights are one sequential stream, with a prefetch ahead of
+ * it. Until 2026-11-27 two groups were read side by side (two streams). Both forms alternating in one
+ * process, 1 thread, on a Zen 4 machine: small-125m (K = 768 and 2048) decode 158.6 -> 202.9 tok/s;
+ * the Llama-3-8B-shaped checkpoint (K = 4096 and 14336) 3.31 -> 3.73 tok/s (4 rounds each, every
+ * round faster). At 2 threads the 8B's rounds were bimodal (4.4-4.6 or 5.7-6.5 tok/s for both forms;
+ * the two streams faster in 5 of 8 rounds): no measured gain, no clear loss (docs/targets.md). */
 
 /* The 32 codes at p -> d[j] lane d = channel 4d + j. */
 static inline void dec_fp8x32(const int8_t *p, __m256 d[4]) {
@@ -162,24 +162,7 @@ static inline void fp8_store(float *y, const __m256 a[4]) {
 
 static inline void fp8_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t k,
                               size_t first, size_t count) {
-  size_t b = first, end = first + count;
-  for (; k >= FP8_PAIR_MIN_K && b + 2 <= end; b += 2) { /* two streams, each prefetched ahead; one partial sum per channel */
-    const int8_t *p0 = p + b * k * 32, *p1 = p0 + k * 32;
-    __m256 a0[4], a1[4];
-    for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm256_setzero_ps();
-    for (size_t i = 0; i < k; i++) {
-      if ((i & 1) == 0) { /* one 64-byte line per stream every two steps */
-        _mm_prefetch((const char *)(p0 + i * 32) + PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)(p1 + i * 32) + PREFETCH_BYTES, _MM_HINT_T0);
-      }
-      __m256 xi = _mm256_broadcast_ss(x + i);
-      fp8_fma(p0 + i * 32, xi, a0);
-      fp8_fma(p1 + i * 32, xi, a1);
-    }
-    fp8_store(y + b * 32, a0);
-    fp8_store(y + b * 32 + 32, a1);
-  }
-  for (; b < end; b++) { /* one group at a time (small groups, an odd group out): even and odd k apart */
+  for (size_t b = first; b < first + count; b++) { /* even and odd k apart */
     const int8_t *p0 = p + b * k * 32;
     __m256 a0[4], c0[4];
     for (int j = 0; j < 4; j++) a0[j] = c0[j] = _mm256_setzero_ps();

@@ -95,9 +95,9 @@ def _run_linked(tmp_path, text: str, x: torch.Tensor, p: torch.Tensor) -> torch.
 
 
 # groups x K: 8 groups (the 4- and 2-group loops only), 7 and 3 groups (the one-group tail), odd K (the last-k
-# tail). Groups are read side by side only from 64 KiB a group (K >= 8192 int8, 2048 fp8, 1024 bf16; one at a
-# time below): 5 x 2053 runs fp8's and bf16's pairs (2 groups per workgroup) and a one-group workgroup, 5 x 8195
-# int8's 4-group loop and its tail
+# tail). bf16 and int8 read groups side by side only from 64 KiB a group (K >= 1024 bf16, 8192 int8; one at a
+# time below, as fp8 always): 5 x 2053 runs bf16's pairs (2 groups per workgroup) and a one-group workgroup,
+# 5 x 8195 int8's 4-group loop and its tail
 @pytest.mark.parametrize("kind, groups, k", [(kind, g, k) for kind in ("fp8", "int8", "bf16")
                                              for g, k in [(8, 64), (7, 37), (3, 768), (5, 2053)]] + [("int8", 5, 8195)])
 def test_compiled_kernel_matches_torch(tmp_path, kind, groups, k):
