@@ -27,6 +27,7 @@ from llmc.errors import PassError
 from llmc.passes._base import REGISTRY, DecompositionPass, PassContext
 from llmc.passes._base import PassError as _PassRefusal
 from llmc.passes._packed import KERNEL_OPTION
+from llmc.passes.decode_attention_kernel import KERNEL_UNAVAILABLE_OPTION as ATTENTION_KERNEL_OPTION
 from llmc.passes.f32_gemm_weights import FIXED_ROWS_OPTION
 
 log = logging.getLogger("llmc.pipeline")
@@ -116,6 +117,8 @@ def build(target, options: dict | None = None, only: list[str] | None = None) ->
             (log.warning if why_not.startswith(ukernels.NO_COMPILER) else log.info)(
                 "cpu C kernels not used (decode steps and prefill chunks slower): %s", why_not)
         opts[KERNEL_OPTION] = why_not is None
+    if ATTENTION_KERNEL_OPTION not in opts and getattr(target, "caps", None) is not None and target.caps.backend == "llvm-cpu":
+        opts[ATTENTION_KERNEL_OPTION] = ukernels.unavailable(target) or ""  # passes/decode_attention_kernel.py's gate
     ctx = PassContext(target=target, dtype=target.dtype, options=opts, scratch=Scratch())
     phases = {"source": [], "graph": [], "ir": []}
     skipped = []

@@ -239,25 +239,31 @@ def lower_calls(module) -> int:
                                        f"got {x.type} and {p.type}")
                 name = declaration_name(kind, groups, k)
             dim = "?" if m is None else m
-            t_x = ir.Type.parse(f"tensor<{dim}x{k}xf32>")
-            t_p = ir.Type.parse(f"tensor<{groups}x{k}x{group}x{elem}>")
-            t_y = ir.Type.parse(f"tensor<{dim}x{groups * group}xf32>")
-            if name not in declared:
-                fn_type = ir.FunctionType.get([t_x, t_p], [t_y])
-                decl = ir.Operation.create("func.func", attributes={
-                    "sym_name": ir.StringAttr.get(name), "function_type": ir.TypeAttr.get(fn_type),
-                    "sym_visibility": ir.StringAttr.get("private")}, regions=1)
-                module.body.append(decl)
-                declared.add(name)
-            with ir.InsertionPoint(op), op.location:
-                bx = ir.Operation.create("torch_c.to_builtin_tensor", results=[t_x], operands=[x]).result
-                bp = ir.Operation.create("torch_c.to_builtin_tensor", results=[t_p], operands=[p]).result
-                call = ir.Operation.create("func.call", results=[t_y], operands=[bx, bp],
-                                           attributes={"callee": ir.FlatSymbolRefAttr.get(name)}).result
-                y = ir.Operation.create("torch_c.from_builtin_tensor", results=[op.results[0].type], operands=[call]).result
-            op.results[0].replace_all_uses_with(y)
-            op.erase()
+            types = [ir.Type.parse(t) for t in (f"tensor<{dim}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>",
+                                                 f"tensor<{dim}x{groups * group}xf32>")]
+            _replace_with_call(module, op, name, types[:2], types[2], declared)
     return len(ops)
+
+
+def _replace_with_call(module, op, name: str, arg_types: list, result_type, declared: set) -> None:
+    """Replace the torch.operator `op` by a call of the private function `name` (declared in `module`
+    once: `declared` holds the names so far) on its operands as builtin tensors of `arg_types`."""
+    from torch_mlir import ir
+
+    if name not in declared:
+        fn_type = ir.FunctionType.get(arg_types, [result_type])
+        decl = ir.Operation.create("func.func", attributes={
+            "sym_name": ir.StringAttr.get(name), "function_type": ir.TypeAttr.get(fn_type),
+            "sym_visibility": ir.StringAttr.get("private")}, regions=1)
+        module.body.append(decl)
+        declared.add(name)
+    with ir.InsertionPoint(op), op.location:
+        args = [ir.Operation.create("torch_c.to_builtin_tensor", results=[t], operands=[x]).result for t, x in zip(arg_types, op.operands)]
+        call = ir.Operation.create("func.call", results=[result_type], operands=args,
+                                   attributes={"callee": ir.FlatSymbolRefAttr.get(name)}).result
+        y = ir.Operation.create("torch_c.from_builtin_tensor", results=[op.results[0].type], operands=[call]).result
+    op.results[0].replace_all_uses_with(y)
+    op.erase()
 
 
 def attention_declaration_name(hq: int, hk: int, c: int, d: int) -> str:
@@ -283,22 +289,7 @@ def _lower_attention(module, op, declared: set) -> None:
     length = "?" if not bs[3].isdigit() else bs[3]
     name = attention_declaration_name(hq, hk, c, d) + ("" if length == "?" else f"_L{length}")
     t_q, t_c = ir.Type.parse(f"tensor<1x{hq}x1x{d}xf32>"), ir.Type.parse(f"tensor<1x{hk}x{c}x{d}xf32>")
-    t_b = ir.Type.parse(f"tensor<1x1x1x{length}xf32>")
-    if name not in declared:
-        fn_type = ir.FunctionType.get([t_q, t_c, t_c, t_b], [t_q])
-        decl = ir.Operation.create("func.func", attributes={
-            "sym_name": ir.StringAttr.get(name), "function_type": ir.TypeAttr.get(fn_type),
-            "sym_visibility": ir.StringAttr.get("private")}, regions=1)
-        module.body.append(decl)
-        declared.add(name)
-    with ir.InsertionPoint(op), op.location:
-        args = [ir.Operation.create("torch_c.to_builtin_tensor", results=[t], operands=[x]).result
-                for t, x in ((t_q, q), (t_c, kc), (t_c, vc), (t_b, bias))]
-        call = ir.Operation.create("func.call", results=[t_q], operands=args,
-                                   attributes={"callee": ir.FlatSymbolRefAttr.get(name)}).result
-        y = ir.Operation.create("torch_c.from_builtin_tensor", results=[op.results[0].type], operands=[call]).result
-    op.results[0].replace_all_uses_with(y)
-    op.erase()
+    _replace_with_call(module, op, name, [t_q, t_c, t_c, ir.Type.parse(f"tensor<1x1x1x{length}xf32>")], t_q, declared)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """decode-attention-kernel: a decode step's attention over the f32 KV cache as one call of llmc's C kernel.
 
-Matches:  on llvm-cpu where llmc's C kernels serve the target (compiler/ukernels.py `unavailable`),
+Matches:  on llvm-cpu where llmc's C kernels serve the target (compiler/ukernels.py `unavailable`, passed
+          in ctx.options by compiler/pipeline.py),
           every `aten.scaled_dot_product_attention(q, k, v, bias)` with
             q [1, Hq, 1, D] f32 (one query row: a decode step), no dropout, not causal;
             k, v the first L rows of caches kc, vc [1, Hk, C, D] f32 (`aten.slice[_copy](kc, 2, 0, L)`, or the
@@ -60,10 +61,13 @@ def _(q, kc, vc, bias):
     return torch.empty_like(q, dtype=torch.float32)
 
 
-def _kernels_serve(ctx) -> str | None:
-    from llmc.compiler import ukernels
+# ctx.options: why llmc's C kernels do not serve the target ("" when they do), set by compiler/pipeline.py
+# from compiler/ukernels.py `unavailable` (passes import nothing of the compiler)
+KERNEL_UNAVAILABLE_OPTION = "attention_kernel_unavailable"
 
-    return ukernels.unavailable(ctx.target)
+
+def _kernels_serve(ctx) -> str | None:
+    return ctx.options.get(KERNEL_UNAVAILABLE_OPTION, "the C kernels' availability was not checked") or None
 
 
 def _refusal(node) -> str | None:
