@@ -266,8 +266,9 @@ def _replace_with_call(module, op, name: str, arg_types: list, result_type, decl
     op.erase()
 
 
-def attention_declaration_name(hq: int, hk: int, c: int, d: int) -> str:
-    return f"{ATTN_DECL_PREFIX}{hq}x{hk}x{c}x{d}"
+def attention_declaration_name(hq: int, hk: int, c: int, d: int, length: int | None = None) -> str:
+    """The declared attention function for these shapes; length: a static L (None: L from the bias's dim)."""
+    return f"{ATTN_DECL_PREFIX}{hq}x{hk}x{c}x{d}" + ("" if length is None else f"_L{length}")
 
 
 def _lower_attention(module, op, declared: set) -> None:
@@ -276,20 +277,24 @@ def _lower_attention(module, op, declared: set) -> None:
     from torch_mlir import ir
 
     from llmc.passes._base import vtensor_dims
+    from llmc.passes.decode_attention_kernel import MAX_GROUP, MAX_HEAD_DIM
 
     q, kc, vc, bias = op.operands
     (qs, qe), (ks, ke), (vs, ve), (bs, be) = (vtensor_dims(str(t.type)) for t in (q, kc, vc, bias))
     ok = (len(qs) == 4 and len(ks) == 4 and len(bs) == 4 and (qe, ke, ve, be) == ("f32",) * 4 and ks == vs
           and all(x.isdigit() for x in (*qs, *ks)) and qs[0] == qs[2] == ks[0] == "1" and qs[3] == ks[3]
-          and bs[:3] == ["1", "1", "1"] and int(qs[1]) % int(ks[1]) == 0)
-    if not ok:
+          and bs[:3] == ["1", "1", "1"])
+    hq, hk, c, d = (int(x) for x in (qs[1], ks[1], ks[2], qs[3])) if ok else (0, 1, 0, 0)
+    # the C kernel's stack arrays hold MAX_GROUP query heads of MAX_HEAD_DIM floats
+    if not ok or hk < 1 or hq % hk or hq // hk > MAX_GROUP or d % 8 or not 0 < d <= MAX_HEAD_DIM:
         raise CompileError(f"llmc::attn_decode takes q [1, Hq, 1, D], caches [1, Hk, C, D] and a bias [1, 1, 1, L], all f32 "
-                           f"and static but L; got {q.type}, {kc.type}, {vc.type}, {bias.type}")
-    hq, hk, c, d = int(qs[1]), int(ks[1]), int(ks[2]), int(qs[3])
-    length = "?" if not bs[3].isdigit() else bs[3]
-    name = attention_declaration_name(hq, hk, c, d) + ("" if length == "?" else f"_L{length}")
+                           f"and static but L, with at most {MAX_GROUP} query heads per KV head and D a multiple of 8 up "
+                           f"to {MAX_HEAD_DIM}; got {q.type}, {kc.type}, {vc.type}, {bias.type}")
+    length = int(bs[3]) if bs[3].isdigit() else None
+    name = attention_declaration_name(hq, hk, c, d, length)
     t_q, t_c = ir.Type.parse(f"tensor<1x{hq}x1x{d}xf32>"), ir.Type.parse(f"tensor<1x{hk}x{c}x{d}xf32>")
-    _replace_with_call(module, op, name, [t_q, t_c, t_c, ir.Type.parse(f"tensor<1x1x1x{length}xf32>")], t_q, declared)
+    t_b = ir.Type.parse(f"tensor<1x1x1x{'?' if length is None else length}xf32>")
+    _replace_with_call(module, op, name, [t_q, t_c, t_c, t_b], t_q, declared)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,8 +307,9 @@ _GEMM_DECL = re.compile(rf"^(\s*)func\.func private @({GEMM_DECL_PREFIX}({'|'.jo
 
 def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
     """How many groups of G channels one workgroup computes: about BYTES_PER_WORKGROUP of weight, fewer
-    when that would leave under MIN_WORKGROUPS workgroups, in whole steps of the C loop (4 groups of
-    8 channels, else 2)."""
+    when that would leave under MIN_WORKGROUPS workgroups, in whole steps of the C loop's side-by-side
+    form (4 groups of 8 channels, else 2; that form runs for bf16 and int8 groups of 64 KiB or more
+    only, and the decode timings in docs/targets.md were taken with this rounding everywhere)."""
     elem, group = KINDS[kind]
     step = 4 if group == 8 else 2
     per = max(1, BYTES_PER_WORKGROUP // (k * group * (1 if elem == "i8" else 2)))

@@ -70,14 +70,16 @@ def _kernels_serve(ctx) -> str | None:
     return ctx.options.get(KERNEL_UNAVAILABLE_OPTION, "the C kernels' availability was not checked") or None
 
 
+def _operands(node) -> tuple:
+    """(q, k, v, attn_mask, dropout_p, is_causal, scale) of an SDPA node, positional or keyword."""
+    args = list(node.args) + [None] * (6 - len(node.args))
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    return (*(node.kwargs.get(n, a) for n, a in zip(names, args[:6])), node.kwargs.get("scale"))  # scale: keyword-only
+
+
 def _refusal(node) -> str | None:
     """Why this SDPA call is not a decode step's attention the kernel computes (None when it is)."""
-    args = list(node.args) + [None] * (8 - len(node.args))
-    q, k, v, mask, dropout, causal = args[:6]
-    kw = node.kwargs
-    mask = kw.get("attn_mask", mask)
-    dropout = kw.get("dropout_p", dropout) or 0.0
-    causal = kw.get("is_causal", causal) or False
+    q, k, v, mask, dropout, causal, _ = _operands(node)
     if dropout or causal:
         return "dropout or causal"
     if mask is None:
@@ -134,11 +136,8 @@ class DecodeAttentionKernelPass(DecompositionPass):
             if why:
                 self.stats.decline(node.name, why)
                 continue
-            q, k, v = node.args[:3]
-            mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
-            scale = node.kwargs.get("scale")  # keyword-only in SDPA's schema
-            d = q.meta["val"].shape[3]
-            scale = d**-0.5 if scale is None else scale
+            q, k, v, mask, _, _, scale = _operands(node)
+            scale = q.meta["val"].shape[3] ** -0.5 if scale is None else scale
             with graph.inserting_before(node):
                 qs = graph.call_function(_aten.mul.Scalar, (q, scale))
                 qs.meta["val"] = q.meta["val"] * scale

@@ -433,7 +433,7 @@ GEMM_ENTRY(f32, float, 16)
  * blocks of ATTN_BLOCK with the softmax kept online (a running maximum and sum per query head, the
  * accumulated output rescaled when the maximum grows), so scores never need L floats of stack. A
  * query row whose every score is -inf gives 0, as PyTorch's SDPA does (torch 2.13 on cpu).
- * Needs d % 8 == 0, d <= ATTN_MAX_D, g <= ATTN_MAX_G (compiler/ukernels.py checks before emitting).
+ * Needs d % 8 == 0, d <= ATTN_MAX_D, g <= ATTN_MAX_G (compiler/ukernels.py refuses any other call).
  *
  * exp: e^x = 2^n e^r with n = round(x log2 e), r = x - n ln 2 (ln 2 in two parts), e^r by its Taylor
  * series to r^7 (|r| <= ln2 / 2: relative error under 2^-23); x < -87 (the f32 normal range's end,

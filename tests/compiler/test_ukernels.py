@@ -316,7 +316,7 @@ def test_link_leaves_a_module_without_kernels_alone():
 def _attention_module(hq: int, hk: int, c: int, d: int, length: int | None) -> str:
     """main(q, kc, vc, bias) calling the declared attention function as llmc's import makes it
     (length None: the bias's last dim, L, is dynamic)."""
-    name = ukernels.attention_declaration_name(hq, hk, c, d) + ("" if length is None else f"_L{length}")
+    name = ukernels.attention_declaration_name(hq, hk, c, d, length)
     tq, tc, tb = f"tensor<1x{hq}x1x{d}xf32>", f"tensor<1x{hk}x{c}x{d}xf32>", f"tensor<1x1x1x{'?' if length is None else length}xf32>"
     return (f"module {{\n  func.func private @{name}({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
             f"  func.func @main(%q: {tq}, %k: {tc}, %v: {tc}, %b: {tb}) -> {tq} {{\n"
@@ -382,3 +382,34 @@ def test_compiled_attention_kernel_gives_zero_for_a_row_with_every_key_masked(tm
     assert bool((attn_decode(q, kc, vc, torch.full((1, 1, 1, 9), float("-inf"))) == 0).all())
     # one key kept: its value row exactly
     assert torch.equal(attn_decode(q, kc, vc, bias), vc[:, :, :1].expand(1, 2, 1, 8))
+
+
+def _attention_program(hq: int, hk: int, d: int):
+    class Step(torch.nn.Module):
+        def forward(self, q, kc, vc, bias):
+            return torch.ops.llmc.attn_decode(q, kc, vc, bias)
+
+    import llmc.passes.decode_attention_kernel  # noqa: F401  (defines llmc::attn_decode)
+
+    args = (torch.randn(1, hq, 1, d), torch.randn(1, hk, 16, d), torch.randn(1, hk, 16, d), torch.zeros(1, 1, 1, 5))
+    return torch.export.export(Step(), args)
+
+
+def test_import_takes_an_attention_op_and_refuses_shapes_the_kernel_cannot_hold():
+    """The op as the pass emits it imports as a call of the declared function; 9 query heads per KV head
+    (the kernel's stack holds 8) or D = 12 are a clear compile error, not a kernel run past its arrays."""
+    from llmc.compiler import export, importer
+
+    module, *_ = importer.import_programs([(export.Exported(_attention_program(8, 2, 16), ""), "main")])
+    name = ukernels.attention_declaration_name(8, 2, 16, 16, 5)
+    assert (f"func.func private @{name}(tensor<1x8x1x16xf32>, tensor<1x2x16x16xf32>, tensor<1x2x16x16xf32>, "
+            "tensor<1x1x1x5xf32>) -> tensor<1x8x1x16xf32>") in str(module)
+    for hq, hk, d in ((9, 1, 16), (2, 2, 12)):
+        with pytest.raises(CompileError) as e:
+            importer.import_programs([(export.Exported(_attention_program(hq, hk, d), ""), "main")])
+        assert str(e.value) == (
+            "llmc::attn_decode takes q [1, Hq, 1, D], caches [1, Hk, C, D] and a bias [1, 1, 1, L], all f32 and static but L, "
+            "with at most 8 query heads per KV head and D a multiple of 8 up to 256; "
+            f"got !torch.vtensor<[1,{hq},1,{d}],f32>, !torch.vtensor<[1,{hk},16,{d}],f32>, !torch.vtensor<[1,{hk},16,{d}],f32>, "
+            "!torch.vtensor<[1,1,1,5],f32>")
+        assert e.value.exit_code == 3
