@@ -11,6 +11,9 @@
   (f32 with data tiling: the archive is read once and the packed copies live in IREE's own memory;
   reading it into memory first would only hold a second copy), nor on GPU devices (weights are
   copied to device memory). It fits when the archive is at most half of the memory available now.
+
+Either way, what IREE itself allocates while loading (the f32 weights it packs) is then moved into
+huge pages too (huge_pages_for_new_memory; docs/targets.md "IREE's own memory in huge pages").
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from llmc.errors import RuntimeLoadError
 log = logging.getLogger("llmc.runtime")
 
 MODES = ("auto", "mmap", "memory")
+LOCAL_DRIVERS = ("local-task", "local-sync", "local")  # IREE's CPU devices: their memory is this process's
 _CHUNK = 256 << 20  # one read() per 256 MB (Linux caps a single read at ~2 GB)
 _DATA_TILING = re.compile(r"^--iree-(?:opt|global-opt|dispatch-creation)-data-tiling(?:=(\w+))?$")
 
@@ -73,7 +77,7 @@ def choose(mode: str, manifest: dict, driver: str, archive_bytes: int, *, availa
     check_mode(mode)
     if mode != "auto":
         return mode, "asked for"
-    if driver not in ("local-task", "local-sync", "local"):
+    if driver not in LOCAL_DRIVERS:
         return "mmap", f"the {driver} device copies weights into its own memory"
     if manifest.get("dtype") in ("f32", "f64") and data_tiling(manifest.get("iree_flags", [])):
         return "mmap", "IREE packs f32 weights into its own memory at load (data tiling)"
@@ -125,3 +129,123 @@ class ResidentArchive:
         index = rt.ParameterIndex()
         index.load_from_file_handle(self.handle, "irpa")
         return index
+
+
+# --- IREE's own memory: what a load allocates, asked into huge pages afterwards -------------------------
+
+_HUGE = 2 << 20
+_MADV_HUGEPAGE = 14  # <asm-generic/mman-common.h>
+_MADV_COLLAPSE = 25  # Linux 6.1+: collapse the range into huge pages now, synchronously
+_MIN_RESIDENT = 0.9  # a 2 MB range less resident than this is left alone (collapsing fills the range whole)
+
+
+HUGE_PAGES_ENV = "LLMC_HUGE_PAGES"  # "off": leave IREE's memory in whatever pages it got (A/B runs)
+
+
+def anonymous_mappings() -> list[tuple[int, int, int, int]]:
+    """(start, end, resident bytes, bytes in huge pages) of this process's private anonymous read-write
+    mappings ([heap] included)."""
+    out = []
+    try:
+        text = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return out
+    current = None
+    for line in text.splitlines():
+        head = line.split(None, 6)
+        if len(head) >= 5 and "-" in head[0] and len(head[1]) == 4:  # a mapping's first line
+            name = head[5] if len(head) > 5 else ""
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            current = None
+            if head[1].startswith("rw") and head[1][3] == "p" and head[4] == "0" and name in ("", "[heap]"):
+                current = [start, end, 0, 0]
+                out.append(current)
+        elif current is not None and line.startswith(("Rss:", "AnonHugePages:")):
+            current[2 if line.startswith("Rss:") else 3] = int(line.split()[1]) * 1024
+    return [tuple(m) for m in out]
+
+
+def _chunk_presence(start: int, end: int):
+    """(2 MB-aligned chunk starts, fraction of each chunk's 4 KB pages present) for [start, end)
+    (/proc/self/pagemap bit 63), or None where the page map cannot be read."""
+    import numpy as np
+
+    start, end = -(-start // _HUGE) * _HUGE, end // _HUGE * _HUGE
+    if end <= start:
+        return None
+    pages = (end - start) // 4096
+    try:
+        with open("/proc/self/pagemap", "rb", buffering=0) as f:
+            f.seek(start // 4096 * 8)
+            raw = f.read(pages * 8)
+    except OSError:
+        return None
+    if len(raw) != pages * 8:
+        return None
+    present = (np.frombuffer(raw, dtype=np.uint64) >> np.uint64(63)).astype(bool).reshape(-1, _HUGE // 4096)
+    return start + np.arange(len(present), dtype=np.int64) * _HUGE, present.mean(axis=1)
+
+
+def _small_page_mappings():
+    """This process's anonymous mappings with 2 MB or more resident in 4 KB pages."""
+    return [(s, e) for s, e, rss, huge in anonymous_mappings() if rss - huge >= _HUGE]
+
+
+def populated_chunks() -> set[int]:
+    """The 2 MB ranges of anonymous memory in 4 KB pages that are mostly resident now: a snapshot to
+    take before a load, for huge_pages_for_new_memory."""
+    out: set[int] = set()
+    for s, e in _small_page_mappings():
+        got = _chunk_presence(s, e)
+        if got is not None:
+            out.update(int(a) for a in got[0][got[1] >= 0.5])
+    return out
+
+
+def huge_pages_for_new_memory(before: set[int], *, thp: str | None = None) -> tuple[int, str]:
+    """Ask the kernel to back, with 2 MB pages, the anonymous memory this process populated since
+    `before` (a populated_chunks() snapshot): what IREE wrote while loading a module, chiefly the
+    weights it packs at load (f32 with data tiling), which IREE's allocator takes from malloc in 4 KB
+    pages. Returns (bytes asked, how), how in "collapsed" (MADV_COLLAPSE moved them now),
+    "advised" (MADV_HUGEPAGE only: an older kernel; khugepaged moves them over time) or why nothing.
+
+    Only 2 MB ranges at least _MIN_RESIDENT resident now and not mostly resident before: a collapse
+    fills each range whole, so a mostly untouched reservation (IREE's allocator maps 64 MB at a time)
+    would grow. Memory the allocator hands out again (populated before the load, e.g. by a compile in
+    the same process) is not moved. Values are unchanged (the kernel copies the pages). Cost: the copy,
+    and on this project's VMs the host backing each new 2 MB page: ~2.5 s per GB (docs/targets.md).
+    """
+    import ctypes
+    import os
+
+    if os.environ.get(HUGE_PAGES_ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        return 0, f"{HUGE_PAGES_ENV}=off"
+    thp = transparent_huge_pages() if thp is None else thp
+    if thp != "madvise":
+        return 0, {"always": "the kernel gives huge pages to all memory", "never": "the kernel offers no huge pages",
+                   "": "the kernel offers no transparent huge pages"}.get(thp, f"THP mode {thp}")
+    ranges: list[tuple[int, int]] = []
+    for s, e in _small_page_mappings():
+        got = _chunk_presence(s, e)
+        if got is None:
+            continue
+        for a, frac in zip(got[0].tolist(), got[1].tolist()):
+            if frac < _MIN_RESIDENT or a in before:
+                continue
+            if ranges and ranges[-1][1] == a:
+                ranges[-1] = (ranges[-1][0], a + _HUGE)
+            else:
+                ranges.append((a, a + _HUGE))
+    if not ranges:
+        return 0, "no new memory of 2 MB or more"
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    how = "collapsed"
+    total = 0
+    for a, b in ranges:
+        if libc.madvise(a, b - a, _MADV_HUGEPAGE) != 0:
+            continue
+        total += b - a
+        if how == "collapsed" and libc.madvise(a, b - a, _MADV_COLLAPSE) != 0 and ctypes.get_errno() == 22:  # EINVAL: no MADV_COLLAPSE
+            how = "advised"
+    return total, how

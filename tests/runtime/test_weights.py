@@ -120,3 +120,96 @@ def test_unreadable_archive_is_one_clear_error(tmp_path):
     bad.mkdir()
     with pytest.raises(RuntimeLoadError, match=r"m\.irpa: could not read the parameter archive \(Is a directory\)"):
         weights.ResidentArchive(bad)
+
+
+def _huge_bytes(address: int) -> int:
+    """Bytes of the anonymous mapping holding `address` that sit in huge pages."""
+    return next(m[3] for m in weights.anonymous_mappings() if m[0] <= address < m[1])
+
+
+def _private_memory(size: int, touch: int):
+    """A private anonymous mapping of `size` bytes (4 KB pages: no madvise) with its first `touch` bytes written."""
+    import ctypes
+    import mmap
+
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m[:touch] = b"\x01" * touch
+    return m, ctypes.addressof(ctypes.c_char.from_buffer(m))
+
+
+@pytest.mark.skipif(weights.transparent_huge_pages() != "madvise", reason="the kernel's THP mode is not madvise")
+def test_memory_mapped_during_a_load_goes_to_huge_pages(monkeypatch):
+    """What a load populates (IREE's packed weights) is moved to 2 MB pages; what was resident before it
+    and a mostly untouched mapping are left alone, and the bytes are unchanged."""
+    monkeypatch.delenv(weights.HUGE_PAGES_ENV, raising=False)
+    size = 16 << 20
+    old, old_at = _private_memory(size, size)
+    before = weights.populated_chunks()
+    new, new_at = _private_memory(size, size)
+    new[5 << 20] = 7
+    sparse, sparse_at = _private_memory(size, 1 << 20)
+    assert _huge_bytes(new_at) == 0
+    moved, how = weights.huge_pages_for_new_memory(before)
+    if how == "advised":
+        pytest.skip("this kernel has no MADV_COLLAPSE (before Linux 6.1)")
+    assert how == "collapsed"
+    # 16 MB at any 4 KB alignment holds at least 7 whole 2 MB pages
+    assert _huge_bytes(new_at) >= 14 << 20 and moved >= 14 << 20
+    assert new[5 << 20] == 7 and new[(5 << 20) + 1] == 1 and new[size - 1] == 1
+    assert _huge_bytes(old_at) == 0, "a mapping from before the load was moved"
+    assert _huge_bytes(sparse_at) == 0, "a mapping 1/16 resident was filled out to huge pages"
+
+
+def test_huge_pages_are_left_alone_when_asked_or_not_offered(monkeypatch):
+    before = weights.populated_chunks()
+    new, _ = _private_memory(8 << 20, 8 << 20)
+    assert weights.huge_pages_for_new_memory(before, thp="never") == (0, "the kernel offers no huge pages")
+    assert weights.huge_pages_for_new_memory(before, thp="always")[0] == 0
+    monkeypatch.setenv(weights.HUGE_PAGES_ENV, "off")
+    assert weights.huge_pages_for_new_memory(before, thp="madvise") == (0, "LLMC_HUGE_PAGES=off")
+
+
+_LOAD = """
+import sys, numpy as np, torch, llmc
+mod = llmc.load(sys.argv[1])
+x = torch.from_numpy(np.load(sys.argv[2]))
+np.save(sys.argv[3], mod(x).numpy())
+print(*mod.iree_huge_pages, sep="|")
+"""
+
+
+@pytest.mark.skipif(weights.transparent_huge_pages() != "madvise", reason="the kernel's THP mode is not madvise")
+def test_load_moves_iree_packed_f32_weights_to_huge_pages(tmp_path):
+    """An f32 module with data tiling: IREE packs its 8 MB of weights at load into memory of its own,
+    which the load then moves to 2 MB pages; the results are bit-identical to a load that does not.
+    Loaded in fresh processes, as `llmc run` or a server would (this one compiled: its allocator
+    may place IREE's buffers in memory it mapped before, which the load does not move)."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+    from llmc.models.zoo import LinearStack
+
+    torch.manual_seed(0)
+    model = LinearStack(dims=(1024, 1024, 1024)).eval()
+    x = torch.randn(2, 8, 1024)
+    art = llmc.compile(model, (x,), output=tmp_path / "f32.vmfb", quiet=True)
+    np.save(tmp_path / "x.npy", x.numpy())
+
+    def load(out, **env):
+        run = subprocess.run([sys.executable, "-c", _LOAD, str(art.vmfb), str(tmp_path / "x.npy"), str(tmp_path / out)],
+                             capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        moved, how = run.stdout.strip().splitlines()[-1].split("|")
+        return int(moved), how, torch.from_numpy(np.load(tmp_path / out))
+
+    moved, how, got = load("y.npy", **{weights.HUGE_PAGES_ENV: "on"})
+    if how == "advised":
+        pytest.skip("this kernel has no MADV_COLLAPSE (before Linux 6.1)")
+    assert how == "collapsed" and moved >= 6 << 20, (moved, how)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    moved, how, plain = load("plain.npy", **{weights.HUGE_PAGES_ENV: "off"})
+    assert (moved, how) == (0, "LLMC_HUGE_PAGES=off")
+    assert torch.equal(plain, got)
