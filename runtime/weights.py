@@ -240,12 +240,16 @@ def huge_pages_for_new_memory(before: set[int], *, thp: str | None = None) -> tu
         return 0, "no new memory of 2 MB or more"
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    huge_before = sum(m[3] for m in anonymous_mappings())
     how = "collapsed"
-    total = 0
+    advised = 0
     for a, b in ranges:
         if libc.madvise(a, b - a, _MADV_HUGEPAGE) != 0:
             continue
-        total += b - a
+        advised += b - a
         if how == "collapsed" and libc.madvise(a, b - a, _MADV_COLLAPSE) != 0 and ctypes.get_errno() == 22:  # EINVAL: no MADV_COLLAPSE
             how = "advised"
-    return total, how
+    if how == "advised":
+        return advised, how
+    moved = sum(m[3] for m in anonymous_mappings()) - huge_before  # ranges that were huge already do not count
+    return (moved, how) if moved > 0 else (0, "already in 2 MB pages")
