@@ -197,7 +197,12 @@ def decode_attention(q, k, v, attn_mask=None, scale=None):
             scores = scores.masked_fill(mask.logical_not(), float("-inf"))
         else:
             scores = scores + mask.float()
-    p = torch.softmax(scores, dim=-1)
+    # softmax, written out so that a row whose every key is masked gives 0 as PyTorch's SDPA does (torch
+    # 2.13, bool and float masks): its max -inf is clamped to f32's lowest, so every exponent is
+    # e^-inf = 0, and 0 / tiny = 0 (torch.softmax gives 0 / 0 = NaN there)
+    m = scores.amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)
+    e = torch.exp(scores - m)
+    p = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
     o = (p.unsqueeze(-1) * v.float().unsqueeze(2)).sum(-2)  # [B, Hk, G, D]
     return o.to(q.dtype).reshape(b, hq, 1, v.shape[-1])
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import llmc
-from llmc.passes.decompose_attention import _causal_form_refusal, causal_attention
+from llmc.passes.decompose_attention import _causal_form_refusal, _decode_form_refusal, causal_attention, decode_attention
 
 
 def _reference(q, k, v, scale=None):
@@ -131,3 +131,51 @@ def test_compiled_masked_form_matches_eager(tmp_path):
         with torch.no_grad():
             want = model(x, cache, mask)
         torch.testing.assert_close(torch.as_tensor(mod(x, cache, mask)), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("float_mask", [True, False])
+def test_decode_form_matches_sdpa_with_rows_that_keep_nothing(float_mask):
+    """The decode form (one query row) against PyTorch's SDPA in f64, with a batch row whose every key is
+    masked: PyTorch gives 0 there (torch 2.13), and so must the form (torch.softmax gave NaN)."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 6, 1, 8, generator=g) * 3
+    k, v = torch.randn(3, 2, 9, 8, generator=g) * 3, torch.randn(3, 2, 9, 8, generator=g)
+    keep = torch.rand(3, 1, 1, 9, generator=g) > 0.4
+    keep[0] = False
+    keep[1, ..., 0] = True
+    keep[2] = True
+    mask = torch.zeros(keep.shape).masked_fill(keep.logical_not(), float("-inf")) if float_mask else keep
+    assert _decode_form_refusal(q, k, v, mask, 0.0, False) is None
+    got = decode_attention(q, k, v, mask, 8**-0.5)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask if not float_mask else mask.double(),
+                                          enable_gqa=True).float()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert (got[0] == 0).all() and (got[1:].abs().amax((1, 2, 3)) > 0.1).all()
+
+
+class _Decode(torch.nn.Module):
+    """A batch of decode steps' attention: one query row per sequence over a dynamic-length cache,
+    an additive mask per sequence (batch 2: the C decode kernel takes batch 1 only, so this is the form's)."""
+
+    def forward(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def test_compiled_decode_form_gives_zero_where_every_key_is_masked(tmp_path):
+    n = torch.export.Dim("n", min=2, max=64)
+    g = torch.Generator().manual_seed(3)
+    args = lambda length: (torch.randn(2, 4, 1, 8, generator=g) * 3, torch.randn(2, 2, length, 8, generator=g) * 3,
+                           torch.randn(2, 2, length, 8, generator=g), torch.zeros(2, 1, 1, length))
+    art = llmc.compile(_Decode(), args(5), dynamic_shapes=(None, {2: n}, {2: n}, {3: n}), output=tmp_path / "m.vmfb")
+    stats = next(p for p in art.read_manifest()["passes"] if p["name"] == "decompose-attention")
+    assert stats["forms"] == {"decode": 1}
+    mod = llmc.load(art)
+    for length in (2, 13, 64):
+        q, k, v, mask = args(length)
+        mask[0] = float("-inf")  # sequence 0 attends to nothing
+        mask[1, ..., length // 2:] = float("-inf")
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        got = torch.as_tensor(mod(q, k, v, mask))
+        assert torch.isfinite(got).all() and (got[0] == 0).all()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
