@@ -341,10 +341,10 @@ def _run_module(tmp_path, text: str, *inputs: torch.Tensor) -> torch.Tensor:
 
 
 # (Hq, Hk, cache rows C, D, L, static L): small-125m's step (12 on 4, D 64) at 140 of 168 rows, dynamic;
-# one row; a block and a bit (64 + 9 rows: the 8-row loop, its tail, the next block rescaling the first);
+# one row; a block and a bit (ATTN_BLOCK 256 + 9 rows: the 8-row loop, its tail, the next block rescaling the first);
 # 8B-like heads (32 on 8, D 128); no grouping (Hq = Hk), the whole cache with a static L
 @pytest.mark.parametrize("hq, hk, c, d, length, static", [(12, 4, 168, 64, 140, False), (12, 4, 168, 64, 1, False),
-                                                          (6, 2, 80, 16, 73, False), (32, 8, 40, 128, 40, False),
+                                                          (6, 2, 300, 16, 265, False), (32, 8, 40, 128, 40, False),
                                                           (4, 4, 24, 8, 24, True)])
 def test_compiled_attention_kernel_matches_torch(tmp_path, hq, hk, c, d, length, static):
     g = torch.Generator().manual_seed(5)
@@ -352,8 +352,8 @@ def test_compiled_attention_kernel_matches_torch(tmp_path, hq, hk, c, d, length,
     kc, vc = torch.randn(1, hk, c, d, generator=g) * 2, torch.randn(1, hk, c, d, generator=g)
     bias = torch.zeros(1, 1, 1, length)
     bias[..., 1::3] = float("-inf")  # masked rows, never the first
-    if length > 64:
-        bias[..., 70] = 3.0  # a score that grows the running maximum in the second block
+    if length > 256:
+        bias[..., 260] = 3.0  # a score that grows the running maximum in the second block
     got = _run_module(tmp_path, ukernels.link(_attention_module(hq, hk, c, d, length if static else None)), q, kc, vc, bias)
     want = torch.nn.functional.scaled_dot_product_attention(q.double(), kc[:, :, :length].double(), vc[:, :, :length].double(),
                                                             attn_mask=bias.double(), scale=1.0, enable_gqa=True)
