@@ -71,6 +71,8 @@ def test_decode_roofline_uses_the_streamed_weight_bytes(reports, which):
     # the roofline's bandwidth is the median of the figures measured in each timed round
     assert len(rep["runs"][0]["bandwidth_samples"]) == rep["reps"]
     assert bw == pytest.approx(statistics.median(rep["runs"][0]["bandwidth_samples"]))
+    # read from 2 MB pages; the same read from 4 KB pages is kept beside it, one per round
+    assert len(rep["runs"][0]["bandwidth_4k_samples"]) == rep["reps"] and min(rep["runs"][0]["bandwidth_4k_samples"]) > 0.1
     for r in rep["rows"]:
         if r["phase"] == "decode":
             per_weight = {"fp8": 1, "f32": 4, "bf16": 2}[r["engine"].split()[1]]
