@@ -123,9 +123,10 @@ class ReadBuffer:
     """256 MiB of f32 ones to sum for the read bandwidth, in 2 MB pages (`huge=True`) or 4 KB ones.
 
     The roofline is the 2 MB figure: llmc reads its weights from memory that asks for transparent huge
-    pages (runtime/weights.py), and on this project's VMs a stream from 4 KB pages ran at 60-70% of one
-    from 2 MB pages (nested paging: every TLB miss is a two-level walk), a share that moves with the
-    host's own backing. The 4 KB figure is what a plain torch tensor reads; the report keeps both.
+    pages (runtime/weights.py), and on this project's VMs a stream from 4 KB pages ran at 60% to nearly
+    100% of one from 2 MB pages in the same run (nested paging: a TLB miss walks two page tables), a
+    share that moves with the host's own backing. The 4 KB figure is what a plain torch tensor reads;
+    the report keeps both.
     """
 
     SIZE = 256 * 1024 * 1024
