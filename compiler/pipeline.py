@@ -111,14 +111,16 @@ def build(target, options: dict | None = None, only: list[str] | None = None) ->
     from llmc.compiler import ukernels
 
     dtype = getattr(target, "dtype", None)
+    llvm_cpu = getattr(target, "caps", None) is not None and target.caps.backend == "llvm-cpu"
+    kernels_why_not = ukernels.unavailable(target) if llvm_cpu else "not an llvm-cpu target"  # asked once a plan
     if KERNEL_OPTION not in opts and (dtype in ukernels.KINDS or (dtype == "f32" and opts.get(FIXED_ROWS_OPTION))):
-        why_not = ukernels.unavailable(target) if dtype in ukernels.KINDS else ukernels.f32_gemm_unavailable(target)
+        why_not = kernels_why_not if dtype in ukernels.KINDS else ukernels.f32_gemm_unavailable(target)
         if why_not:
             (log.warning if why_not.startswith(ukernels.NO_COMPILER) else log.info)(
                 "cpu C kernels not used (decode steps and prefill chunks slower): %s", why_not)
         opts[KERNEL_OPTION] = why_not is None
-    if ATTENTION_KERNEL_OPTION not in opts and getattr(target, "caps", None) is not None and target.caps.backend == "llvm-cpu":
-        opts[ATTENTION_KERNEL_OPTION] = ukernels.unavailable(target) or ""  # passes/decode_attention_kernel.py's gate
+    if ATTENTION_KERNEL_OPTION not in opts and llvm_cpu:
+        opts[ATTENTION_KERNEL_OPTION] = kernels_why_not or ""  # passes/decode_attention_kernel.py's gate
     ctx = PassContext(target=target, dtype=target.dtype, options=opts, scratch=Scratch())
     phases = {"source": [], "graph": [], "ir": []}
     skipped = []

@@ -307,8 +307,11 @@ class Module:
             # Up to two new devices: under load the loss was seen twice in a row (a CI run, once a
             # full local run), never three times.
             attempts = (self._device_lost, True, True)
-            # what is resident before the device and the module (IREE's allocator maps memory for both)
-            before = weights_mod.populated_chunks() if self.device_driver in weights_mod.LOCAL_DRIVERS else None
+            # what is resident before the device and the module (IREE's allocator maps memory for both);
+            # no snapshot where nothing would be moved (not a CPU device, LLMC_HUGE_PAGES=off, THP mode)
+            local = self.device_driver in weights_mod.LOCAL_DRIVERS
+            skipped = weights_mod.huge_pages_skipped() if local else None
+            before = weights_mod.populated_chunks() if local and not skipped else None
             for attempt, fresh in enumerate(attempts):
                 config = open_device(self.manifest, self.device_name, self.vmfb, fresh=fresh)
                 self._warm_cpu_data(config)
@@ -328,6 +331,8 @@ class Module:
                                 self.vmfb, first_line(e))
             if before is not None:
                 self._huge_pages(before)
+            elif skipped:
+                self.iree_huge_pages = (0, skipped)
         return self._loaded
 
     def _huge_pages(self, before: set[int]) -> None:

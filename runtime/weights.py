@@ -18,6 +18,7 @@ huge pages too (huge_pages_for_new_memory; docs/targets.md "IREE's own memory in
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import re
@@ -142,6 +143,31 @@ _MIN_RESIDENT = 0.9  # a 2 MB range less resident than this is left alone (colla
 HUGE_PAGES_ENV = "LLMC_HUGE_PAGES"  # "off": leave IREE's memory in whatever pages it got (A/B runs)
 
 
+@functools.lru_cache(maxsize=1)
+def _libc():
+    """libc through ctypes with madvise(2) and mincore(2) typed (errno kept for madvise's answers)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    return libc
+
+
+def huge_pages_skipped(thp: str | None = None) -> str | None:
+    """Why the load-time move into huge pages does nothing here (LLMC_HUGE_PAGES=off, or the kernel's THP
+    mode), or None when it applies; asked before the snapshot, so a load that will move nothing pays nothing."""
+    import os
+
+    if os.environ.get(HUGE_PAGES_ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        return f"{HUGE_PAGES_ENV}=off"
+    thp = transparent_huge_pages() if thp is None else thp
+    if thp != "madvise":
+        return {"always": "the kernel gives huge pages to all memory", "never": "the kernel offers no huge pages",
+                "": "the kernel offers no transparent huge pages"}.get(thp, f"THP mode {thp}")
+    return None
+
+
 def anonymous_mappings() -> list[tuple[int, int, int, int]]:
     """(start, end, resident bytes, bytes in huge pages) of this process's private anonymous read-write
     mappings ([heap] included)."""
@@ -168,17 +194,13 @@ def anonymous_mappings() -> list[tuple[int, int, int, int]]:
 def _chunk_presence(start: int, end: int):
     """(2 MB-aligned chunk starts, fraction of each chunk's 4 KB pages resident) for [start, end)
     (mincore(2): a few ms for a GB, where /proc/self/pagemap took ~40 ms for 0.4 GB), or None."""
-    import ctypes
-
     import numpy as np
 
     start, end = -(-start // _HUGE) * _HUGE, end // _HUGE * _HUGE
     if end <= start:
         return None
     resident = np.empty((end - start) // 4096, dtype=np.uint8)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-    if libc.mincore(start, end - start, resident.ctypes.data) != 0:
+    if _libc().mincore(start, end - start, resident.ctypes.data) != 0:
         return None
     present = (resident & 1).astype(bool).reshape(-1, _HUGE // 4096)
     return start + np.arange(len(present), dtype=np.int64) * _HUGE, present.mean(axis=1)
@@ -227,14 +249,10 @@ def huge_pages_for_new_memory(before: set[int], *, thp: str | None = None) -> tu
     and on this project's VMs the host backing each new 2 MB page: ~2.5 s per GB (docs/targets.md).
     """
     import ctypes
-    import os
 
-    if os.environ.get(HUGE_PAGES_ENV, "").strip().lower() in ("0", "off", "false", "no"):
-        return 0, f"{HUGE_PAGES_ENV}=off"
-    thp = transparent_huge_pages() if thp is None else thp
-    if thp != "madvise":
-        return 0, {"always": "the kernel gives huge pages to all memory", "never": "the kernel offers no huge pages",
-                   "": "the kernel offers no transparent huge pages"}.get(thp, f"THP mode {thp}")
+    why_not = huge_pages_skipped(thp)
+    if why_not:
+        return 0, why_not
     ranges: list[tuple[int, int]] = []
     for s, e in _anonymous_ranges():
         got = _chunk_presence(s, e)
@@ -249,8 +267,7 @@ def huge_pages_for_new_memory(before: set[int], *, thp: str | None = None) -> tu
                 ranges.append((a, a + _HUGE))
     if not ranges:
         return 0, "no new memory of 2 MB or more"
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    libc = _libc()
     huge_before = sum(m[3] for m in anonymous_mappings())
     how = "collapsed"
     advised = 0

@@ -132,7 +132,6 @@ class ReadBuffer:
     SIZE = 256 * 1024 * 1024
 
     def __init__(self, huge: bool):
-        self.huge = huge
         if huge:
             align = 2 * 1024 * 1024
             self._map = mmap.mmap(-1, self.SIZE + align, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

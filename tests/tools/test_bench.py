@@ -155,3 +155,24 @@ def test_plan_builds_adds_a_second_build_per_option():
     assert builds["fp8 [buckets 128] [chunk 32] [no kernels]"] == (
         "fp8-b128-c32-nokernels", {"prefill_buckets": "128", "prefill_chunk": "32"}, False)
     assert builds["f32 [chunk 32]"][1] == {"prefill_buckets": "auto", "prefill_chunk": "32"}
+
+
+def test_roofline_buffer_is_read_from_huge_pages_and_the_other_from_small_ones():
+    """The roofline's 256 MiB sit in 2 MB pages (as llmc's weights do), the 4 KB figure's in 4 KB pages;
+    both sums read every element (the figure is bytes over time, so a short sum would inflate it)."""
+    from llmc.runtime import weights
+    from llmc.tools import bench
+
+    if weights.transparent_huge_pages() != "madvise":
+        pytest.skip("the kernel's THP mode is not madvise")
+    for huge in (True, False):
+        buf = bench.ReadBuffer(huge=huge)
+        at = buf.tensor.data_ptr()
+        in_huge = next(m[3] for m in weights.anonymous_mappings() if m[0] <= at < m[1])
+        if huge:
+            assert in_huge >= 200 << 20, in_huge
+        else:
+            assert in_huge == 0
+        assert float(buf.tensor.sum()) == buf.SIZE // 4
+        assert buf.gb_s(1) > 0.1
+        del buf
