@@ -46,6 +46,7 @@ def compile_model(
     prefill_buckets="auto",
     static_decode: str = "auto",
     prefill_chunk="auto",
+    kv_dtype: str = "auto",
 ) -> Artifact:
     """Compile `model` for `target` in `dtype`.
 
@@ -84,6 +85,9 @@ def compile_model(
     P mod C tokens of a P-token prompt with the dynamic prefill and the rest C at a time. "auto" (the
     default): 64 on cpu when max_seq_len holds two chunks (bf16/fp8/int8 weights: only where llmc's C
     kernels serve, compiler/ukernels.py), else none; "none" or 0: none.
+    kv_dtype (Llama checkpoints): the KV cache's dtype: "auto" (the compute dtype), "f32", or "bf16" (cpu:
+    K/V rows rounded to bf16 as they are written and widened exactly as attention reads them, math in
+    f32; half the cache's memory and half the bytes a decode step's attention reads: docs/targets.md).
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,
@@ -92,12 +96,13 @@ def compile_model(
         quant_exclude=_patterns(quant_exclude), quant_embeddings=quant_embeddings,
         fp8_exclude=_patterns(fp8_exclude), fp8_scales=fp8_scales, fp8_embeddings=fp8_embeddings,
         cpu_dispatch=cpu_dispatch, int8_math=int8_math, tensor_parallel=tensor_parallel, prefill_buckets=prefill_buckets,
-        static_decode=static_decode, prefill_chunk=prefill_chunk,
+        static_decode=static_decode, prefill_chunk=prefill_chunk, kv_dtype=kv_dtype,
     )
     opts.resolve()  # bad target, dtype or quantization options fail before anything is loaded
     buckets = targets.parse_buckets(prefill_buckets)  # so does a malformed --prefill-buckets
     targets.check_static_decode(static_decode)
     chunk = targets.parse_chunk(prefill_chunk)
+    kv = targets.parse_kv_dtype(kv_dtype)
     if isinstance(model, (str, os.PathLike)) and not Path(model).exists():
         raise UsageError(f"{model}: no such file or directory")
     from llmc.compiler import llm
@@ -117,6 +122,8 @@ def compile_model(
         raise UsageError(f"--static-decode applies to Llama checkpoints; {what} is not one")
     if chunk != "auto":
         raise UsageError(f"--prefill-chunk applies to Llama checkpoints; {what} is not one")
+    if kv != "auto":
+        raise UsageError(f"--kv-dtype applies to Llama checkpoints; {what} is not one")
     return compile_program(model, tuple(example_args), example_kwargs, dynamic_shapes, opts)
 
 

@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "static-shape matmuls, no padding); a prompt of P >= N tokens is prefilled P mod N tokens by the "
                         "dynamic prefill, then N at a time; auto (the default): 64 on cpu when --max-seq-len holds two "
                         "chunks (bf16/fp8/int8 weights: where llmc's C kernels serve), else none")
+    c.add_argument("--kv-dtype", default="auto", metavar="auto|f32|bf16",
+                   help="Llama checkpoints: the KV cache's dtype; auto (the default): the compute dtype; bf16 on cpu "
+                        "stores K/V rounded to bf16 (math stays f32): half the cache memory and half the bytes a "
+                        "decode step's attention reads")
     c.add_argument("--static-decode", choices=("auto", "on", "off"), default="auto",
                    help="Llama checkpoints: also export a decode step with every shape fixed (attention over the whole "
                         "cache, masked), which a GPU runtime can record once and replay; auto (the default): "
@@ -204,6 +208,7 @@ def cmd_compile(args) -> int:
     targets.resolve(args.target, args.arch, args.dtype, extra_flags=tuple(args.iree_flag), cpu_dispatch=args.cpu_dispatch)
     targets.parse_buckets(args.prefill_buckets)
     targets.parse_chunk(args.prefill_chunk)
+    targets.parse_kv_dtype(args.kv_dtype)
     if not Path(args.model).exists():
         raise UsageError(f"{args.model}: no such file or directory")
     from llmc.compiler.api import compile_model
@@ -226,6 +231,7 @@ def cmd_compile(args) -> int:
         prefill_buckets=args.prefill_buckets,
         static_decode=args.static_decode,
         prefill_chunk=args.prefill_chunk,
+        kv_dtype=args.kv_dtype,
     )
     # compile_model validates the path, target and output before any work; Llama checkpoints
     # (Meta .pth + params.json, HF folders) become a prefill + decode module (compiler/llm.py).

@@ -30,7 +30,7 @@ def run(o, overrides: dict):
     from pathlib import Path
 
     from llmc.compiler import llm, report
-    from llmc.models.llama.model import LlamaDecode, LlamaPrefill, new_cache
+    from llmc.models.llama.model import LlamaDecode, LlamaPrefill, LlamaPrefillChunk, new_cache
     from llmc.runtime import load
 
     if o.inputs is not None:
@@ -56,7 +56,8 @@ def run(o, overrides: dict):
             diff_inputs.check_built_with(o, manifest)
         dtype = manifest["dtype"]
         max_len = manifest["llm"]["max_seq_len"]
-        profile = dtype if o.profile == "auto" else o.profile
+        narrowed = bool(manifest["llm"]["cache"].get("narrowed"))
+        profile = diff_metrics.profile_for(dtype, narrowed) if o.profile == "auto" else o.profile
         tol = {**diff_metrics.TOLERANCES[profile], **overrides}
         if o.seq is not None and o.seq < 2:
             raise UsageError(f"--seq {o.seq}: the prompt needs at least 2 tokens")
@@ -85,8 +86,11 @@ def run(o, overrides: dict):
         # (bf16 on SPIR-V computes in f32).
         cache_tdt = dtypes.by_name(manifest["llm"]["cache"]["dtype"]).torch
         compute = next(k for k, v in dtypes.COMPUTE_DTYPES.items() if v == manifest["llm"]["cache"]["dtype"])
+        # A cache the user narrowed (--kv-dtype bf16 under f32 math) is part of the model's meaning: eager
+        # stores its K/V in that dtype too (models/llama/model.py `stored`), so only the arithmetic differs.
+        ref_kv = cache_tdt if manifest["llm"]["cache"].get("narrowed") else tdt
         with torch.no_grad():
-            ref = LlamaPrefill(llama)(prompt, *new_cache(cfg, max_len, tdt))
+            ref = LlamaPrefill(llama)(prompt, *new_cache(cfg, max_len, ref_kv))
         got = mod.prefill(prompt, *module_cache(manifest))
         results.append(diff_metrics.compare("prefill.logits", got[0], ref[0], tol, logits=True, top_k=o.top_k))
         prefill_ref = ref[0]
@@ -127,10 +131,14 @@ def run(o, overrides: dict):
             c = int(chunk["tokens"])
             head = min(seq, max_len - c)
             ids = torch.randint(0, cfg.vocab_size, (1, head + c), generator=torch.Generator().manual_seed(o.seed + 1))
+            mask = torch.ones(1, head + c, dtype=torch.int64)
             with torch.no_grad():
-                before = LlamaPrefill(llama)(ids[:, :head], *new_cache(cfg, max_len, tdt))[1:]
-                whole = LlamaPrefill(llama)(ids, *new_cache(cfg, max_len, tdt))[0]
-            got_c = getattr(mod, chunk["function"])(ids[:, head:], torch.ones(1, head + c, dtype=torch.int64), *(t.to(cache_tdt) for t in before))
+                before = LlamaPrefill(llama)(ids[:, :head], *new_cache(cfg, max_len, ref_kv))[1:]
+                # a narrowed cache: the chunk attends over the rounded rows before it, one prefill over
+                # unrounded ones, so eager's own chunk is the reference there
+                whole = (LlamaPrefillChunk(llama)(ids[:, head:], mask, *before) if ref_kv != tdt else
+                         LlamaPrefill(llama)(ids, *new_cache(cfg, max_len, ref_kv)))[0]
+            got_c = getattr(mod, chunk["function"])(ids[:, head:], mask, *(t.to(cache_tdt) for t in before))
             results.append(diff_metrics.compare(f"{chunk['function']}.logits", got_c[0], whole, tol, logits=True, top_k=o.top_k))
         seconds = time.perf_counter() - start
         located = {}
@@ -149,7 +157,7 @@ def run(o, overrides: dict):
                 )
         same = None
         if dtype in lower.QUANTIZED_DTYPES:
-            same = _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_len, tdt, o.top_k)
+            same = _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_len, ref_kv, o.top_k)
 
     bad = diff_metrics.worst(results)
     passed = all(r.passed for r in results)
@@ -210,7 +218,7 @@ def _same_weights_reference(llama, mod, manifest, prompt, fed, got_logits, max_l
         n = same_quantized_weights(TensorParallelLlama(llama, split["devices"]), mod.params, manifest)
     else:
         n = same_quantized_weights(llama, mod.params, manifest)
-    profile = manifest["compute_dtype"]
+    profile = diff_metrics.profile_for(manifest["compute_dtype"], bool(manifest["llm"]["cache"].get("narrowed")))
     tol = diff_metrics.TOLERANCES[profile]
     with torch.no_grad():
         ref = LlamaPrefill(llama)(prompt, *new_cache(llama.config, max_len, tdt))

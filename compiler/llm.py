@@ -44,7 +44,7 @@ import torch
 from llmc import dtypes
 from llmc.compiler import artifacts, export, lower, ukernels
 from llmc.compiler.progress import Phases
-from llmc.compiler.targets import check_static_decode, parse_buckets, parse_chunk
+from llmc.compiler.targets import check_static_decode, parse_buckets, parse_chunk, parse_kv_dtype
 from llmc.errors import ExportError, UsageError
 from llmc.models.llama.config import LlamaConfig
 from llmc.models.llama import tensor_parallel as tensor_parallel_llama
@@ -132,6 +132,24 @@ def resolve_chunk(spec, target, max_seq_len: int, tensor_parallel: int) -> int:
     if spec >= max_seq_len:
         raise UsageError(f"--prefill-chunk={spec}: must be less than the KV cache (--max-seq-len {max_seq_len}); "
                          "give a smaller chunk or raise --max-seq-len")
+    return spec
+
+
+def resolve_kv_dtype(spec, target, tensor_parallel: int) -> str:
+    """The KV cache's dtype (a --dtype name: f32, bf16, f16) for --kv-dtype `spec` on this target. auto:
+    the compute dtype. A cache narrower than the compute dtype (bf16 under f32 math) only on cpu, where
+    the decode attention kernel reads it (passes/decode_attention_kernel.py) and the tests cover it."""
+    spec = parse_kv_dtype(spec)
+    if spec in ("auto", target.compute_dtype):
+        return target.compute_dtype
+    if target.name != "cpu":
+        raise UsageError(f"--kv-dtype {spec}: a cache in another dtype than the compute dtype ({target.compute_dtype} on "
+                         f"{target.name}) is cpu only for now; leave it out")
+    if tensor_parallel > 1:
+        raise UsageError(f"--kv-dtype {spec}: not available with --tensor-parallel yet; leave it out")
+    if spec != "bf16" or target.compute_dtype != "f32":
+        raise UsageError(f"--kv-dtype {spec}: cpu stores a {target.compute_dtype} model's cache as {target.compute_dtype} or, under "
+                         "f32 math, bf16; give auto or bf16")
     return spec
 
 
@@ -257,7 +275,7 @@ def _default_len(config: LlamaConfig) -> int:
 
 def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: bool | tuple = False,
                tensor_parallel: int = 1, prefill_buckets: tuple[int, ...] = (), static_decode: bool = False,
-               prefill_chunk: int = 0) -> list[lower.Entry]:
+               prefill_chunk: int = 0, kv_dtype: str | None = None) -> list[lower.Entry]:
     """Export prefill and decode over one converted copy of the model, as the module's entry points.
     keep_narrow_linears: see export.convert_module (fp8/int8 quantized from the checkpoint's own dtype, bf16
     weights under f32 math stored as they are). tensor_parallel: N > 1 exports the model split over N
@@ -265,10 +283,12 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
     one more entry point per size, `prefill_<size>`, with the prompt length fixed (LlamaPrefillBucket).
     static_decode: one more entry point, `decode_static`, a decode step with every shape fixed (LlamaDecodeStatic).
     prefill_chunk: C > 0 adds `prefill_chunk`, C tokens after the cached ones (LlamaPrefillChunk), C fixed and
-    the cached length dynamic."""
+    the cached length dynamic. kv_dtype: the cache's dtype (a --dtype name; None: `dtype`), K/V rounded to it
+    as they are written and widened back as attention reads them (models/llama/model.py `stored`, `read`)."""
     from torch.export import Dim
 
     tdt = dtypes.compute_torch_dtype(dtype)
+    kv_tdt = dtypes.compute_torch_dtype(kv_dtype or dtype)
     # A copy (sharing weight storage when the dtype already matches): the caller's module is untouched.
     llama = export.convert_module(llama, tdt, keep_narrow_linears=keep_narrow_linears).eval()
     llama.set_rope_positions(max_seq_len)  # f32 tables sized to the cache; they become parameters
@@ -276,12 +296,12 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
     n = tensor_parallel
     if n > 1:
         tp = tensor_parallel_llama.TensorParallelLlama(llama, n)
-        cache = tensor_parallel_llama.new_cache(config, n, max_seq_len, tdt)
+        cache = tensor_parallel_llama.new_cache(config, n, max_seq_len, kv_tdt)
         wrappers = {"prefill": tensor_parallel_llama.TensorParallelPrefill(tp), "decode": tensor_parallel_llama.TensorParallelDecode(tp)}
         strip = "tp."
         cache_device = [d for _, d, _ in tensor_parallel_llama.cache_order(config.n_layers, n)]
     else:
-        cache = new_cache(config, max_seq_len, tdt)
+        cache = new_cache(config, max_seq_len, kv_tdt)
         wrappers = {"prefill": LlamaPrefill(llama), "decode": LlamaDecode(llama)}
         strip = "llama."
         cache_device = [0] * len(cache)
@@ -402,16 +422,17 @@ def compile_llm(model, opts: lower.CompileOptions):
     buckets = resolve_buckets(opts.prefill_buckets, target, max_seq_len, n)
     static = resolve_static_decode(opts.static_decode, n)
     chunk = resolve_chunk(opts.prefill_chunk, target, max_seq_len, n)
+    kv_dtype = resolve_kv_dtype(opts.kv_dtype, target, n)
     if buckets or chunk:  # entry points with a fixed row count: passes/f32_gemm_weights.py stores f32 weights for their kernel
         target = dataclasses.replace(target, pass_options=(*target.pass_options, (FIXED_ROWS_OPTION, True)))
     with phases.phase("export"):
         entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target), tensor_parallel=n,
-                             prefill_buckets=buckets, static_decode=static, prefill_chunk=chunk)
+                             prefill_buckets=buckets, static_decode=static, prefill_chunk=chunk, kv_dtype=kv_dtype)
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases,
                                  param_device=tensor_parallel_llama.device_of_param if n > 1 else None)
     llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem), tensor_parallel=n,
                        prefill_buckets=buckets, min_fill=MIN_FILL["cpu" if target.name == "cpu" else "gpu"], static_decode=static,
-                       prefill_chunk=chunk)
+                       prefill_chunk=chunk, kv_dtype=kv_dtype)
     if n > 1:
         llm["tensor_parallel"]["param_bytes_by_device"] = param_bytes_by_device(lowered.store, n)
     return lower.write_artifact(
@@ -432,7 +453,7 @@ def param_bytes_by_device(store, n: int) -> list[int]:
 
 def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: dict | None = None, tensor_parallel: int = 1,
                  prefill_buckets: tuple[int, ...] = (), min_fill: float = 0.0, static_decode: bool = False,
-                 prefill_chunk: int = 0) -> dict:
+                 prefill_chunk: int = 0, kv_dtype: str | None = None) -> dict:
     """The manifest's `llm` section: what generate() and `llmc run` need besides the entry points.
     tokenizer: tokenizer_manifest's record, or None when the checkpoint had none. tensor_parallel: N > 1
     describes the split module: N cache shards a layer (cache_order), each on its device.
@@ -440,7 +461,7 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
     prompt must fill for generate() to pad it to that bucket. static_decode: the module has decode_static
     (LlamaDecodeStatic), which generate() then runs for every decode step. prefill_chunk: C > 0, the module has
     prefill_chunk (LlamaPrefillChunk), which generate() runs for all but the first P mod C tokens of a prompt
-    of P >= C tokens that no bucket takes."""
+    of P >= C tokens that no bucket takes. kv_dtype: the cache's dtype (a --dtype name; None: `dtype`)."""
     n = tensor_parallel
     n_cache = 2 * config.n_layers * n
     if n > 1:
@@ -465,8 +486,10 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
             "layout": layout,
             "count": n_cache,
             "shape": [1, config.n_kv_heads // n, max_seq_len, config.head_dim],
-            "dtype": dtypes.COMPUTE_DTYPES[dtype],
+            "dtype": dtypes.COMPUTE_DTYPES[kv_dtype or dtype],
             "tied": True,
+            # K/V rounded to a dtype narrower than the math's (--kv-dtype bf16): llmc diff's eager does the same
+            "narrowed": (kv_dtype or dtype) != dtype,
         },
         "prefill": {"function": "prefill", "min_tokens": 2, "cache_args_start": 1},
         "decode": {"function": "decode", "cache_args_start": 2},

@@ -730,6 +730,17 @@ def parse_buckets(spec):
     return sizes
 
 
+KV_DTYPES = ("f32", "bf16")  # what --kv-dtype names besides auto
+
+
+def parse_kv_dtype(spec) -> str:
+    """--kv-dtype: "auto" (the compute dtype) or one of KV_DTYPES."""
+    t = str(spec).strip().lower() if spec is not None else "auto"
+    if t not in ("auto", *KV_DTYPES):
+        raise UsageError(f"--kv-dtype={spec}: give auto, {', '.join(KV_DTYPES)}")
+    return t
+
+
 def parse_chunk(spec):
     """--prefill-chunk: "auto", "none" (or 0), or a token count -> "auto" or an int (0 = none)."""
     if isinstance(spec, str):

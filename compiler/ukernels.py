@@ -266,9 +266,15 @@ def _replace_with_call(module, op, name: str, arg_types: list, result_type, decl
     op.erase()
 
 
-def attention_declaration_name(hq: int, hk: int, c: int, d: int, length: int | None = None) -> str:
-    """The declared attention function for these shapes; length: a static L (None: L from the bias's dim)."""
-    return f"{ATTN_DECL_PREFIX}{hq}x{hk}x{c}x{d}" + ("" if length is None else f"_L{length}")
+# The KV cache element types the attention kernel reads: the torch-mlir/MLIR element -> how the C function
+# sees it (bf16 as its bits: llmc_attn_decode_bf16 widens each element exactly)
+ATTN_CACHE_ELEMENTS = {"f32": "f32", "bf16": "i16"}
+
+
+def attention_declaration_name(hq: int, hk: int, c: int, d: int, length: int | None = None, cache: str = "f32") -> str:
+    """The declared attention function for these shapes; length: a static L (None: L from the bias's dim);
+    cache: the KV cache's element type (f32 or bf16)."""
+    return f"{ATTN_DECL_PREFIX}{'' if cache == 'f32' else cache + '_'}{hq}x{hk}x{c}x{d}" + ("" if length is None else f"_L{length}")
 
 
 def _lower_attention(module, op, declared: set) -> None:
@@ -281,18 +287,19 @@ def _lower_attention(module, op, declared: set) -> None:
 
     q, kc, vc, bias = op.operands
     (qs, qe), (ks, ke), (vs, ve), (bs, be) = (vtensor_dims(str(t.type)) for t in (q, kc, vc, bias))
-    ok = (len(qs) == 4 and len(ks) == 4 and len(bs) == 4 and (qe, ke, ve, be) == ("f32",) * 4 and ks == vs
+    ok = (len(qs) == 4 and len(ks) == 4 and len(bs) == 4 and (qe, be) == ("f32",) * 2 and ke == ve
+          and ke in ATTN_CACHE_ELEMENTS and ks == vs
           and all(x.isdigit() for x in (*qs, *ks)) and qs[0] == qs[2] == ks[0] == "1" and qs[3] == ks[3]
           and bs[:3] == ["1", "1", "1"])
     hq, hk, c, d = (int(x) for x in (qs[1], ks[1], ks[2], qs[3])) if ok else (0, 1, 0, 0)
     # the C kernel's stack arrays hold MAX_GROUP query heads of MAX_HEAD_DIM floats
     if not ok or hk < 1 or hq % hk or hq // hk > MAX_GROUP or d % 8 or not 0 < d <= MAX_HEAD_DIM:
-        raise CompileError(f"llmc::attn_decode takes q [1, Hq, 1, D], caches [1, Hk, C, D] and a bias [1, 1, 1, L], all f32 "
-                           f"and static but L, with at most {MAX_GROUP} query heads per KV head and D a multiple of 8 up "
+        raise CompileError(f"llmc::attn_decode takes q [1, Hq, 1, D], caches [1, Hk, C, D] (f32 or bf16, both alike) and a "
+                           f"bias [1, 1, 1, L], q and the bias f32, all static but L, with at most {MAX_GROUP} query heads per KV head and D a multiple of 8 up "
                            f"to {MAX_HEAD_DIM}; got {q.type}, {kc.type}, {vc.type}, {bias.type}")
     length = int(bs[3]) if bs[3].isdigit() else None
-    name = attention_declaration_name(hq, hk, c, d, length)
-    t_q, t_c = ir.Type.parse(f"tensor<1x{hq}x1x{d}xf32>"), ir.Type.parse(f"tensor<1x{hk}x{c}x{d}xf32>")
+    name = attention_declaration_name(hq, hk, c, d, length, ke)
+    t_q, t_c = ir.Type.parse(f"tensor<1x{hq}x1x{d}xf32>"), ir.Type.parse(f"tensor<1x{hk}x{c}x{d}x{ke}>")
     t_b = ir.Type.parse(f"tensor<1x1x1x{'?' if length is None else length}xf32>")
     _replace_with_call(module, op, name, [t_q, t_c, t_c, t_b], t_q, declared)
 
@@ -301,7 +308,7 @@ def _lower_attention(module, op, declared: set) -> None:
 # 2. on the text for iree-compile: bodies and the executable
 
 _DECL = re.compile(rf"^(\s*)func\.func private @({DECL_PREFIX}({'|'.join(KINDS)})_(\d+)x(\d+))\(.*$", re.M)
-_ATTN_DECL = re.compile(rf"^(\s*)func\.func private @({ATTN_DECL_PREFIX}(\d+)x(\d+)x(\d+)x(\d+)(?:_L(\d+))?)\(.*$", re.M)
+_ATTN_DECL = re.compile(rf"^(\s*)func\.func private @({ATTN_DECL_PREFIX}(?:(bf16)_)?(\d+)x(\d+)x(\d+)x(\d+)(?:_L(\d+))?)\(.*$", re.M)
 _GEMM_DECL = re.compile(rf"^(\s*)func\.func private @({GEMM_DECL_PREFIX}({'|'.join(GEMM_KINDS)})_(\d+|D)x(\d+)x(\d+))\(.*$", re.M)
 
 
@@ -343,10 +350,12 @@ def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int |
     return "\n".join(indent + line for line in lines)
 
 
-def _attention_definition(indent: str, name: str, hq: int, hk: int, c: int, d: int, length: int | None) -> str:
-    """The body of a declared attention function: a flow.dispatch of @attn_decode, one workgroup per KV
-    head, L read from the bias (its dynamic last dim, or the static one)."""
-    tq, tc = f"tensor<1x{hq}x1x{d}xf32>", f"tensor<1x{hk}x{c}x{d}xf32>"
+def _attention_definition(indent: str, name: str, hq: int, hk: int, c: int, d: int, length: int | None,
+                          cache: str = "f32") -> str:
+    """The body of a declared attention function: a flow.dispatch of @attn_decode (@attn_decode_bf16 over a
+    bf16 cache), one workgroup per KV head, L read from the bias (its dynamic last dim, or the static one)."""
+    tq, tc = f"tensor<1x{hq}x1x{d}xf32>", f"tensor<1x{hk}x{c}x{d}x{cache}>"
+    export = "attn_decode" + ("" if cache == "f32" else "_" + cache)
     tb = f"tensor<1x1x1x{'?' if length is None else length}xf32>"
     row_count = (["  %c3 = arith.constant 3 : index", f"  %l = tensor.dim %b, %c3 : {tb}"] if length is None else
                  [f"  %l = arith.constant {length} : index"])
@@ -358,7 +367,7 @@ def _attention_definition(indent: str, name: str, hq: int, hk: int, c: int, d: i
         f"  %g = arith.constant {hq // hk} : index",
         f"  %c = arith.constant {c} : index",
         f"  %d = arith.constant {d} : index",
-        f"  %y = flow.dispatch @{EXECUTABLE}::@attn_decode[%hk](%q, %k, %v, %b, %l, %hk, %g, %c, %d) : "
+        f"  %y = flow.dispatch @{EXECUTABLE}::@{export}[%hk](%q, %k, %v, %b, %l, %hk, %g, %c, %d) : "
         f"({tq}, {tc}, {tc}, {tb}{dims}, index, index, index, index, index) -> {tq}",
         f"  return %y : {tq}",
         "}",
@@ -366,27 +375,30 @@ def _attention_definition(indent: str, name: str, hq: int, hk: int, c: int, d: i
     return "\n".join(indent + line for line in lines)
 
 
-def _attention_executable_parts() -> tuple[str, str]:
-    export = """\
-  stream.executable.export public @attn_decode workgroups(%hk: index) -> (index, index, index) {
+def _attention_executable_parts(cache: str = "f32") -> tuple[str, str]:
+    """The export and function of @attn_decode (f32 cache) or @attn_decode_bf16 (the cache as i16 bits)."""
+    fn = "attn_decode" + ("" if cache == "f32" else "_" + cache)
+    ce = ATTN_CACHE_ELEMENTS[cache]
+    export = f"""\
+  stream.executable.export public @{fn} workgroups(%hk: index) -> (index, index, index) {{
     %c1 = arith.constant 1 : index
     stream.return %hk, %c1, %c1 : index, index, index
-  }"""
-    func = """\
-    func.func private @llmc_attn_decode(memref<?xf32>, memref<?xf32>, memref<?xf32>, memref<?xf32>, memref<?xf32>, index, index, index, index, index) attributes {hal.import.static}
-    func.func @attn_decode(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bb: !stream.binding, %by: !stream.binding, %l: index, %hk: index, %g: index, %c: index, %d: index) {
+  }}"""
+    func = f"""\
+    func.func private @llmc_{fn}(memref<?xf32>, memref<?x{ce}>, memref<?x{ce}>, memref<?xf32>, memref<?xf32>, index, index, index, index, index) attributes {{hal.import.static}}
+    func.func @{fn}(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bb: !stream.binding, %by: !stream.binding, %l: index, %hk: index, %g: index, %c: index, %d: index) {{
       %c0 = arith.constant 0 : index
       %h = stream.dispatch.workgroup.id[0] : index
       %nq = affine.apply affine_map<()[s0, s1, s2] -> (s0 * s1 * s2)>()[%hk, %g, %d]
       %nk = affine.apply affine_map<()[s0, s1, s2] -> (s0 * s1 * s2)>()[%hk, %c, %d]
-      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?xf32>{%nq}
-      %k = stream.binding.subspan %bk[%c0] : !stream.binding -> memref<?xf32>{%nk}
-      %v = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?xf32>{%nk}
-      %b = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xf32>{%l}
-      %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{%nq}
-      func.call @llmc_attn_decode(%q, %k, %v, %b, %y, %l, %g, %c, %d, %h) : (memref<?xf32>, memref<?xf32>, memref<?xf32>, memref<?xf32>, memref<?xf32>, index, index, index, index, index) -> ()
+      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?xf32>{{%nq}}
+      %k = stream.binding.subspan %bk[%c0] : !stream.binding -> memref<?x{ce}>{{%nk}}
+      %v = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?x{ce}>{{%nk}}
+      %b = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xf32>{{%l}}
+      %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{{%nq}}
+      func.call @llmc_{fn}(%q, %k, %v, %b, %y, %l, %g, %c, %d, %h) : (memref<?xf32>, memref<?x{ce}>, memref<?x{ce}>, memref<?xf32>, memref<?xf32>, index, index, index, index, index) -> ()
       return
-    }"""
+    }}"""
     return export, func
 
 
@@ -429,10 +441,11 @@ def _gemm_executable_parts(kind: str) -> tuple[str, str]:
     return export, func
 
 
-def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attention: bool = False) -> str:
+def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attention: tuple[str, ...] = ()) -> str:
+    """attention: the KV cache element types whose attention kernel the module calls (f32, bf16)."""
     exports, funcs = [], []
-    if attention:
-        export, func = _attention_executable_parts()
+    for cache in attention:
+        export, func = _attention_executable_parts(cache)
         exports.append(export)
         funcs.append(func)
     for kind in gemm_kinds:
@@ -477,11 +490,12 @@ def link(mlir: str) -> str:
     found_attn = list(_ATTN_DECL.finditer(mlir))
     if not found and not found_gemm and not found_attn:
         return mlir
-    mlir = _ATTN_DECL.sub(lambda m: _attention_definition(m.group(1), m.group(2), *(int(m.group(i)) for i in range(3, 7)),
-                                                          int(m.group(7)) if m.group(7) else None), mlir)
+    mlir = _ATTN_DECL.sub(lambda m: _attention_definition(m.group(1), m.group(2), *(int(m.group(i)) for i in range(4, 8)),
+                                                          int(m.group(8)) if m.group(8) else None, m.group(3) or "f32"), mlir)
     out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5))), mlir)
     out = _GEMM_DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(5)), int(m.group(6)),
                                                m="D" if m.group(4) == "D" else int(m.group(4))), out)
     end = out.rstrip().rfind("}")  # the module's own closing brace: the executable goes inside it
     return out[:end] + _executable(build_object(), sorted({m.group(3) for m in found}),
-                                   sorted({m.group(3) for m in found_gemm}), attention=bool(found_attn)) + "\n" + out[end:]
+                                   sorted({m.group(3) for m in found_gemm}),
+                                   attention=tuple(sorted({m.group(3) or "f32" for m in found_attn}))) + "\n" + out[end:]

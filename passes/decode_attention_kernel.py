@@ -1,15 +1,17 @@
-"""decode-attention-kernel: a decode step's attention over the f32 KV cache as one call of llmc's C kernel.
+"""decode-attention-kernel: a decode step's attention over the KV cache as one call of llmc's C kernel.
 
 Matches:  on llvm-cpu where llmc's C kernels serve the target (compiler/ukernels.py `unavailable`, passed
           in ctx.options by compiler/pipeline.py),
           every `aten.scaled_dot_product_attention(q, k, v, bias)` with
             q [1, Hq, 1, D] f32 (one query row: a decode step), no dropout, not causal;
             k, v the first L rows of caches kc, vc [1, Hk, C, D] f32 (`aten.slice[_copy](kc, 2, 0, L)`, or the
-              whole cache, L = C: the static decode), Hq a multiple of Hk (grouped-query), D a multiple
-              of 8 and at most 256, Hq / Hk at most 8;
+              whole cache, L = C: the static decode), or those rows of bf16 caches widened to f32
+              (`aten.to(slice(kc), f32)`: --kv-dtype bf16), Hq a multiple of Hk (grouped-query), D a
+              multiple of 8 and at most 256, Hq / Hk at most 8;
             bias an additive f32 mask [1, 1, 1, L] (-inf: masked).
-Produces: `llmc::attn_decode(q * scale, kc, vc, bias) -> [1, Hq, 1, D]`, which compiler/ukernels.py
-          makes a dispatch of `llmc_attn_decode` (compiler/csrc/matvec_x86_64.c): one workgroup per KV
+Produces: `llmc::attn_decode(q * scale, kc, vc, bias) -> [1, Hq, 1, D]` (kc, vc the caches in their own
+          dtype), which compiler/ukernels.py makes a dispatch of `llmc_attn_decode` (a bf16 cache:
+          `llmc_attn_decode_bf16`; compiler/csrc/matvec_x86_64.c): one workgroup per KV
           head, its G query heads scored against each cache row as it is read, the softmax kept
           online (a running maximum and sum), the rows after L never read. Eager, the op is the
           same arithmetic in torch, so a rewritten program still runs.
@@ -19,7 +21,9 @@ Safe because: the kernel computes softmax(q k^T * scale + bias) v over rows 0..L
           where f32 e^x is subnormal and IREE's workers flush it to 0 anyway), and a row whose every
           score is -inf gives 0, as PyTorch's SDPA does (torch 2.13 on cpu; decompose-attention's
           decode form gives NaN there). The cache rows the slice leaves out are the ones the kernel
-          does not read.
+          does not read. A bf16 cache's rows are widened to f32 as they are read, exactly as the
+          graph's own widening (bf16 -> f32 is exact), so the kernel never reads the f32 copy the
+          graph asked for, and reads half the bytes.
 Why: passes/decompose-attention's decode form (multiply + sum reductions, which IREE 3.13 compiles
           into three dispatches) read the cache at 5-10 GB/s: small-125m's shape (12 query heads on
           4 KV heads, D = 64) took 55 us a layer at 140 cached rows and 0.9 ms at 4096, i.e. a 4096-
@@ -99,6 +103,8 @@ def _refusal(node) -> str | None:
     hq, d = tq.shape[1], tq.shape[3]
     if tkc is None or tvc is None or tkc.shape != tvc.shape or tkc.dim() != 4 or tkc.shape[3] != d:
         return "cache shapes"
+    if tkc.dtype != tvc.dtype or tkc.dtype not in CACHE_DTYPES:
+        return f"caches {tkc.dtype} and {tvc.dtype} (the kernel: both f32 or both bf16)"
     hk = tkc.shape[1]
     if not all(isinstance(s, int) for s in (hq, d, hk, tkc.shape[2])):
         return "dynamic head count, head size or cache rows"
@@ -110,10 +116,29 @@ def _refusal(node) -> str | None:
 
 
 SLICES = (_aten.slice.Tensor, _aten.slice_copy.Tensor)  # slice_copy: llmc's Llama decode (passes/slice_copy.py)
+# dtype conversions as the exported graph holds them before decomposing (aten.to), or after (_to_copy, prims)
+CONVERTS = (_aten.to.dtype, _aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the caches the kernel reads (llmc_attn_decode, _bf16)
+
+
+def _widened(node):
+    """The bf16 tensor that `node` widens to f32 (a conversion and nothing else), or None."""
+    if getattr(node, "op", None) != "call_function" or node.target not in CONVERTS:
+        return None
+    if node.target == _aten._to_copy.default and set(node.kwargs) - {"dtype"}:
+        return None  # a layout, device or memory-format change too
+    dtype = node.kwargs.get("dtype", node.args[1] if len(node.args) > 1 else None)
+    src = node.args[0]
+    src_val = getattr(src, "meta", {}).get("val")
+    if dtype != torch.float32 or src_val is None or src_val.dtype != torch.bfloat16:
+        return None
+    return src
 
 
 def _cache(node):
-    """The cache whose first rows `node` is (a slice along dim 2 from 0, step 1), or node itself."""
+    """The cache whose first rows `node` is (a slice along dim 2 from 0, step 1, of the cache or of a
+    bf16 cache widened to f32 after the slice), or node itself."""
+    node = _widened(node) or node
     if getattr(node, "op", None) == "call_function" and node.target in SLICES:
         args = list(node.args) + [0, None, None, 1][len(node.args) - 1:]
         src, dim, start, _, step = args[:5]

@@ -19,7 +19,8 @@ first new token; decode tok/s = decode steps / their time. --weights picks where
 (llmc.load's weights=; `both` loads each artifact twice, mapped and in huge-page memory).
 --prefill-buckets N,... builds each dtype a second time with those static-length prefills and times
 both builds in the same rounds; --prefill-chunk none|N likewise with that prefill chunk (against llmc's
-default, auto: a 64-token chunk on cpu once the cache holds two). Medians
+default, auto: a 64-token chunk on cpu once the cache holds two); --kv-dtype bf16 likewise with a bf16
+KV cache. Medians
 are reported, with each llmc figure's ratio to eager f32 and eager bf16 from the same worker, and
 decode as a fraction of its roofline: bandwidth / bytes of weights one decode step streams (every
 parameter but the embedding table, which decode only gathers one row of, at 4/2/1 bytes per weight
@@ -75,6 +76,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--prefill-chunk", default=None, metavar="none|N",
                     help="also build every dtype with this --prefill-chunk (llmc compile; e.g. none, against the default "
                          "auto) and time both builds in the same run")
+    ap.add_argument("--kv-dtype", default=None, choices=("f32", "bf16"),
+                    help="also build every dtype with this KV-cache dtype (llmc compile --kv-dtype) and time both builds "
+                         "in the same run")
     ap.add_argument("--kernels", default="on", choices=("on", "off", "both"),
                     help="llmc's cpu C kernels (compiler/ukernels.py: fp8/int8/bf16 decode and prefill chunks, f32 prefill chunks; "
                          "off = LLMC_CPU_KERNELS=off), or both: each such dtype built with and without them, timed in the same run")
@@ -304,7 +308,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 def plan_builds(args) -> list[tuple[str, str, str, str, dict, bool]]:
     """Every llmc build the run makes: (row key, file stem, dtype, arch, llmc.compile prefill options, kernels on).
     Each dtype x arch once as llmc builds it by default, and again with --prefill-buckets, with
-    --prefill-chunk (both: their cross product), and without kernels (--kernels both, narrow dtypes)."""
+    --prefill-chunk (both: their cross product), with --kv-dtype, and without kernels (--kernels both, narrow dtypes)."""
     from llmc.compiler import ukernels
 
     archs = args.arch or ["host"]
@@ -313,17 +317,21 @@ def plan_builds(args) -> list[tuple[str, str, str, str, dict, bool]]:
         for arch in archs:
             for buckets in ([None, args.prefill_buckets] if args.prefill_buckets else [None]):
                 for chunk in ([None, args.prefill_chunk] if args.prefill_chunk else [None]):
-                    for kern in (KERNEL_CHOICES[args.kernels] if d in ukernels.GEMM_KINDS else (True,)):
-                        key = d if len(archs) == 1 else f"{d} [{arch}]"
-                        stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
-                        options = {"prefill_buckets": buckets or "auto", "prefill_chunk": chunk or "auto"}
-                        if buckets:
-                            key, stem = f"{key} [buckets {buckets}]", f"{stem}-b{buckets.replace(',', '-')}"
-                        if chunk:
-                            key, stem = f"{key} [chunk {chunk}]", f"{stem}-c{chunk}"
-                        if not kern:
-                            key, stem = f"{key} [no kernels]", f"{stem}-nokernels"
-                        builds.append((key, stem, d, arch, options, kern))
+                    for kv in ([None, args.kv_dtype] if args.kv_dtype else [None]):
+                        for kern in (KERNEL_CHOICES[args.kernels] if d in ukernels.GEMM_KINDS else (True,)):
+                            key = d if len(archs) == 1 else f"{d} [{arch}]"
+                            stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
+                            options = {"prefill_buckets": buckets or "auto", "prefill_chunk": chunk or "auto",
+                                       "kv_dtype": kv or "auto"}
+                            if buckets:
+                                key, stem = f"{key} [buckets {buckets}]", f"{stem}-b{buckets.replace(',', '-')}"
+                            if chunk:
+                                key, stem = f"{key} [chunk {chunk}]", f"{stem}-c{chunk}"
+                            if kv:
+                                key, stem = f"{key} [kv {kv}]", f"{stem}-kv{kv}"
+                            if not kern:
+                                key, stem = f"{key} [no kernels]", f"{stem}-nokernels"
+                            builds.append((key, stem, d, arch, options, kern))
     return builds
 
 

@@ -424,7 +424,7 @@ GEMM_ENTRY(fp8, int8_t, 32)
 GEMM_ENTRY(int8, int8_t, 8)
 GEMM_ENTRY(f32, float, 16)
 
-/* ---- decode attention: one query row per head over the first L rows of an f32 KV cache ----
+/* ---- decode attention: one query row per head over the first L rows of an f32 or bf16 KV cache ----
  *
  * llmc_attn_decode(q, k, v, bias, y, l, g, c, d, h): for KV head h and each of its g query heads j,
  *   y[h g + j] = softmax_t(q[h g + j] . k[h, t] + bias[t]) @ v[h, t]    for t < l (q already scaled)
@@ -434,6 +434,8 @@ GEMM_ENTRY(f32, float, 16)
  * accumulated output rescaled when the maximum grows), so scores never need L floats of stack. A
  * query row whose every score is -inf gives 0, as PyTorch's SDPA does (torch 2.13 on cpu).
  * Needs d % 8 == 0, d <= ATTN_MAX_D, g <= ATTN_MAX_G (compiler/ukernels.py refuses any other call).
+ * llmc_attn_decode_bf16: the same with k and v holding bf16 bits (--kv-dtype bf16), each widened to f32
+ * exactly as it is read; the arithmetic is the f32 one.
  *
  * exp: e^x = 2^n e^r with n = round(x log2 e), r = x - n ln 2 (ln 2 in two parts), e^r by its Taylor
  * series to r^7 (|r| <= ln2 / 2: relative error under 2^-23); x < -87 (the f32 normal range's end,
@@ -483,8 +485,17 @@ static inline __m256 hsum8x8(const __m256 a[8]) {
   return _mm256_add_ps(lo, hi);
 }
 
-static void attn_head(const float *restrict q, const float *restrict k, const float *restrict v,
-                      const float *restrict bias, float *restrict y, size_t l, size_t g, size_t d) {
+/* 8 cache elements from element i of a K or V cache: f32 as they are, bf16 widened (exact) */
+static inline __m256 kv_load(const void *p, size_t i, int bf16) {
+  return bf16 ? dec_bf16((const uint16_t *)p + i) : _mm256_loadu_ps((const float *)p + i);
+}
+
+/* one KV head's attention; bf16: the caches hold bf16 bits (a compile-time constant at both calls), kt
+ * then room for 8 key rows widened (32-byte aligned; the f32 form has none: its stack stays as it was,
+ * which measured faster than with the array beside) */
+static inline __attribute__((always_inline)) void attn_head(const float *restrict q, const void *restrict k,
+                      const void *restrict v, const float *restrict bias, float *restrict y, size_t l, size_t g,
+                      size_t d, int bf16, float *restrict kt) {
   float acc[ATTN_MAX_G][ATTN_MAX_D] __attribute__((aligned(32)));
   float sc[ATTN_MAX_G][ATTN_BLOCK] __attribute__((aligned(32)));
   float mx[ATTN_MAX_G], sum[ATTN_MAX_G];
@@ -496,16 +507,19 @@ static void attn_head(const float *restrict q, const float *restrict k, const fl
   }
   for (size_t t0 = 0; t0 < l; t0 += ATTN_BLOCK) {
     size_t n = l - t0 < ATTN_BLOCK ? l - t0 : ATTN_BLOCK;
-    const float *kb = k + t0 * d, *vb = v + t0 * d;
-    /* scores: 8 rows at a time, one vector of 8 sums per query head */
+    /* scores: 8 rows at a time, one vector of 8 sums per query head; a bf16 cache's 8 rows are widened
+     * once into kt and read from there by every query head (not widened again per head) */
     size_t t = 0;
     for (; t + 8 <= n; t += 8) {
+      if (bf16)
+        for (size_t e = 0; e < 8 * d; e += 8) _mm256_store_ps(kt + e, kv_load(k, (t0 + t) * d + e, 1));
       for (size_t j = 0; j < g; j++) {
         __m256 a[8];
         for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
         for (size_t e = 0; e < dv; e++) {
           __m256 qe = _mm256_loadu_ps(q + j * d + 8 * e);
-          for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(qe, _mm256_loadu_ps(kb + (t + r) * d + 8 * e), a[r]);
+          for (int r = 0; r < 8; r++)
+            a[r] = _mm256_fmadd_ps(qe, bf16 ? _mm256_load_ps(kt + r * d + 8 * e) : kv_load(k, (t0 + t + r) * d + 8 * e, 0), a[r]);
         }
         _mm256_store_ps(sc[j] + t, _mm256_add_ps(hsum8x8(a), _mm256_loadu_ps(bias + t0 + t)));
       }
@@ -513,7 +527,7 @@ static void attn_head(const float *restrict q, const float *restrict k, const fl
     for (; t < n; t++) {
       for (size_t j = 0; j < g; j++) {
         __m256 a = _mm256_setzero_ps();
-        for (size_t e = 0; e < dv; e++) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * d + 8 * e), _mm256_loadu_ps(kb + t * d + 8 * e), a);
+        for (size_t e = 0; e < dv; e++) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * d + 8 * e), kv_load(k, (t0 + t) * d + 8 * e, bf16), a);
         sc[j][t] = hsum8(a) + bias[t0 + t];
       }
     }
@@ -545,9 +559,8 @@ static void attn_head(const float *restrict q, const float *restrict k, const fl
     }
     /* outputs: each value row read once for all query heads */
     for (size_t i = 0; i < n; i++) {
-      const float *vr = vb + i * d;
       for (size_t e = 0; e < d; e += 8) {
-        __m256 ve = _mm256_loadu_ps(vr + e);
+        __m256 ve = kv_load(v, (t0 + i) * d + e, bf16);
         for (size_t j = 0; j < g; j++)
           _mm256_store_ps(acc[j] + e, _mm256_fmadd_ps(_mm256_set1_ps(sc[j][i]), ve, _mm256_load_ps(acc[j] + e)));
       }
@@ -561,5 +574,12 @@ static void attn_head(const float *restrict q, const float *restrict k, const fl
 
 void llmc_attn_decode(MEMREF(const float, q), MEMREF(const float, k), MEMREF(const float, v), MEMREF(const float, bias),
                       MEMREF(float, y), size_t l, size_t g, size_t c, size_t d, size_t h) {
-  attn_head(DATA(q) + h * g * d, DATA(k) + h * c * d, DATA(v) + h * c * d, DATA(bias), DATA(y) + h * g * d, l, g, d);
+  attn_head(DATA(q) + h * g * d, DATA(k) + h * c * d, DATA(v) + h * c * d, DATA(bias), DATA(y) + h * g * d, l, g, d, 0, 0);
+}
+
+/* the same over a bf16 cache (--kv-dtype bf16): half the bytes read, each element widened exactly */
+void llmc_attn_decode_bf16(MEMREF(const float, q), MEMREF(const uint16_t, k), MEMREF(const uint16_t, v),
+                           MEMREF(const float, bias), MEMREF(float, y), size_t l, size_t g, size_t c, size_t d, size_t h) {
+  float kt[8 * ATTN_MAX_D] __attribute__((aligned(32)));
+  attn_head(DATA(q) + h * g * d, DATA(k) + h * c * d, DATA(v) + h * c * d, DATA(bias), DATA(y) + h * g * d, l, g, d, 1, kt);
 }

@@ -10,7 +10,10 @@ Entry points for generation (`LlamaPrefill`, `LlamaDecode`) take the KV cache as
 and return the updated cache (docs/architecture.md: the tied functional form): one cache tensor per layer for
 K and one for V, `[1, n_kv_heads, max_seq_len, head_dim]`. The compiler marks each returned cache
 as tied to its input (`iree.abi.tied`), so IREE writes the new rows into the caller's buffer in place
-and never copies the cache.
+and never copies the cache. The cache may be narrower than the math (`--kv-dtype bf16` under f32): K/V
+rows are rounded to its dtype as they are written (`stored`) and widened back where attention reads
+them (`read`); a prefill attends over its own unrounded rows, later calls over the stored ones, so
+eager with the same cache dtype is the reference (llmc diff builds it so).
 
 Decode attends only to the live prefix of the cache, not all of it: the number of live positions L
 arrives as the length of `attention_mask` ([1, L], ones), a dynamic dimension, so the attention
@@ -218,6 +221,17 @@ def init_random(config: LlamaConfig, seed: int = 0, dtype=torch.float32, rope_po
     return m.to(dtype).eval()
 
 
+def stored(x, cache):
+    """K or V rows as the cache stores them: in its dtype (rounded to nearest even when the cache is
+    narrower than the compute dtype: --kv-dtype bf16); x itself when the dtypes agree (no op exported)."""
+    return x if x.dtype == cache.dtype else x.to(cache.dtype)
+
+
+def read(rows, like):
+    """Cache rows widened to the compute dtype of `like` for attention (exact: bf16 -> f32)."""
+    return rows if rows.dtype == like.dtype else rows.to(like.dtype)
+
+
 def new_cache(config: LlamaConfig, max_seq_len: int, dtype=torch.float32) -> list[torch.Tensor]:
     """Zeroed KV cache: [k0, v0, k1, v1, ...], each [1, n_kv_heads, max_seq_len, head_dim]."""
     shape = (1, config.n_kv_heads, max_seq_len, config.head_dim)
@@ -262,8 +276,8 @@ class LlamaPrefill(nn.Module):
         for i, layer in enumerate(m.model.layers):
             attn = layer.self_attn
             q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
-            out_cache.append(cache[2 * i].index_copy(2, rows, k))
-            out_cache.append(cache[2 * i + 1].index_copy(2, rows, v))
+            out_cache.append(cache[2 * i].index_copy(2, rows, stored(k, cache[2 * i])))
+            out_cache.append(cache[2 * i + 1].index_copy(2, rows, stored(v, cache[2 * i + 1])))
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             h = h + attn.out(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -355,10 +369,10 @@ def decode_layers(m: "Llama", h, cos, sin, bias, row, cache, visible):
     for i, layer in enumerate(m.model.layers):
         attn = layer.self_attn
         q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
-        kc = cache[2 * i].index_copy(2, row, k)
-        vc = cache[2 * i + 1].index_copy(2, row, v)
+        kc = cache[2 * i].index_copy(2, row, stored(k, cache[2 * i]))
+        vc = cache[2 * i + 1].index_copy(2, row, stored(v, cache[2 * i + 1]))
         out_cache += [kc, vc]
-        o = F.scaled_dot_product_attention(q, visible(kc), visible(vc), attn_mask=bias, enable_gqa=True)
+        o = F.scaled_dot_product_attention(q, read(visible(kc), q), read(visible(vc), q), attn_mask=bias, enable_gqa=True)
         h = h + attn.out(o)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return head_logits(m, h if h.shape[1] == 1 else h[:, -1:, :]), out_cache

@@ -313,14 +313,18 @@ def test_link_leaves_a_module_without_kernels_alone():
 
 # ---- the decode attention kernel (passes/decode_attention_kernel.py) ----
 
-def _attention_module(hq: int, hk: int, c: int, d: int, length: int | None) -> str:
+def _attention_module(hq: int, hk: int, c: int, d: int, length: int | None, cache: str = "f32") -> str:
     """main(q, kc, vc, bias) calling the declared attention function as llmc's import makes it
-    (length None: the bias's last dim, L, is dynamic)."""
-    name = ukernels.attention_declaration_name(hq, hk, c, d, length)
-    tq, tc, tb = f"tensor<1x{hq}x1x{d}xf32>", f"tensor<1x{hk}x{c}x{d}xf32>", f"tensor<1x1x1x{'?' if length is None else length}xf32>"
+    (length None: the bias's last dim, L, is dynamic). cache bf16: main takes the caches as i16 bits
+    (iree-run-module reads no bf16 .npy) and bitcasts them to the bf16 tensors the function takes."""
+    name = ukernels.attention_declaration_name(hq, hk, c, d, length, cache)
+    tq, tc, tb = f"tensor<1x{hq}x1x{d}xf32>", f"tensor<1x{hk}x{c}x{d}x{cache}>", f"tensor<1x1x1x{'?' if length is None else length}xf32>"
+    ti = tc if cache == "f32" else f"tensor<1x{hk}x{c}x{d}xi16>"
+    cast = "" if cache == "f32" else (f"    %kb = arith.bitcast %k : {ti} to {tc}\n    %vb = arith.bitcast %v : {ti} to {tc}\n")
+    k, v = ("%k", "%v") if cache == "f32" else ("%kb", "%vb")
     return (f"module {{\n  func.func private @{name}({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
-            f"  func.func @main(%q: {tq}, %k: {tc}, %v: {tc}, %b: {tb}) -> {tq} {{\n"
-            f"    %y = func.call @{name}(%q, %k, %v, %b) : ({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
+            f"  func.func @main(%q: {tq}, %k: {ti}, %v: {ti}, %b: {tb}) -> {tq} {{\n{cast}"
+            f"    %y = func.call @{name}(%q, {k}, {v}, %b) : ({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
             f"    return %y : {tq}\n  }}\n}}\n")
 
 
@@ -340,26 +344,33 @@ def _run_module(tmp_path, text: str, *inputs: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.load(tmp_path / "y.npy"))
 
 
-# (Hq, Hk, cache rows C, D, L, static L): small-125m's step (12 on 4, D 64) at 140 of 168 rows, dynamic;
-# one row; a block and a bit (ATTN_BLOCK 256 + 9 rows: the 8-row loop, its tail, the next block rescaling the first);
-# 8B-like heads (32 on 8, D 128); no grouping (Hq = Hk), the whole cache with a static L
-@pytest.mark.parametrize("hq, hk, c, d, length, static", [(12, 4, 168, 64, 140, False), (12, 4, 168, 64, 1, False),
-                                                          (6, 2, 300, 16, 265, False), (32, 8, 40, 128, 40, False),
-                                                          (4, 4, 24, 8, 24, True)])
-def test_compiled_attention_kernel_matches_torch(tmp_path, hq, hk, c, d, length, static):
+# (Hq, Hk, cache rows C, D, L, static L, cache dtype): small-125m's step (12 on 4, D 64) at 140 of 168 rows,
+# dynamic; one row; a block and a bit (ATTN_BLOCK 256 + 9 rows: the 8-row loop, its tail, the next block
+# rescaling the first); 8B-like heads (32 on 8, D 128); no grouping (Hq = Hk), the whole cache with a static
+# L; and llmc_attn_decode_bf16 (--kv-dtype bf16) at small-125m's step, a block and a bit, and static
+@pytest.mark.parametrize("hq, hk, c, d, length, static, cache", [
+    (12, 4, 168, 64, 140, False, "f32"), (12, 4, 168, 64, 1, False, "f32"), (6, 2, 300, 16, 265, False, "f32"),
+    (32, 8, 40, 128, 40, False, "f32"), (4, 4, 24, 8, 24, True, "f32"),
+    (12, 4, 168, 64, 140, False, "bf16"), (6, 2, 300, 16, 265, False, "bf16"), (4, 4, 24, 8, 24, True, "bf16")])
+def test_compiled_attention_kernel_matches_torch(tmp_path, hq, hk, c, d, length, static, cache):
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, hq, 1, d, generator=g) * d**-0.5
     kc, vc = torch.randn(1, hk, c, d, generator=g) * 2, torch.randn(1, hk, c, d, generator=g)
+    if cache == "bf16":
+        kc, vc = kc.bfloat16(), vc.bfloat16()
     bias = torch.zeros(1, 1, 1, length)
     bias[..., 1::3] = float("-inf")  # masked rows, never the first
     if length > 256:
         bias[..., 260] = 3.0  # a score that grows the running maximum in the second block
-    got = _run_module(tmp_path, ukernels.link(_attention_module(hq, hk, c, d, length if static else None)), q, kc, vc, bias)
+    caches = (kc, vc) if cache == "f32" else (kc.view(torch.int16), vc.view(torch.int16))
+    got = _run_module(tmp_path, ukernels.link(_attention_module(hq, hk, c, d, length if static else None, cache)), q, *caches, bias)
+    # the reference reads the cache's own values (a bf16 cache widened exactly, as the kernel widens it)
     want = torch.nn.functional.scaled_dot_product_attention(q.double(), kc[:, :, :length].double(), vc[:, :, :length].double(),
                                                             attn_mask=bias.double(), scale=1.0, enable_gqa=True)
     assert got.shape == want.shape
     # f32 scores (D products), an exp within 2^-23 relative and f32 sums over L rows: a few ulp of the
-    # largest output; a wrong row, head or mask is off by the values themselves (|out| ~ 0.1-1)
+    # largest output; a wrong row, head or mask is off by the values themselves (|out| ~ 0.1-1), and a
+    # bf16 cache read as f32 bits (or the reverse) by far more
     err = float((got.double() - want).abs().max())
     assert err < 1e-5 * max(1.0, float(want.abs().max())), err
     # the eager op (what a rewritten program runs in torch) is the same attention
@@ -384,14 +395,15 @@ def test_compiled_attention_kernel_gives_zero_for_a_row_with_every_key_masked(tm
     assert torch.equal(attn_decode(q, kc, vc, bias), vc[:, :, :1].expand(1, 2, 1, 8))
 
 
-def _attention_program(hq: int, hk: int, d: int):
+def _attention_program(hq: int, hk: int, d: int, caches=(torch.float32, torch.float32)):
     class Step(torch.nn.Module):
         def forward(self, q, kc, vc, bias):
             return torch.ops.llmc.attn_decode(q, kc, vc, bias)
 
     import llmc.passes.decode_attention_kernel  # noqa: F401  (defines llmc::attn_decode)
 
-    args = (torch.randn(1, hq, 1, d), torch.randn(1, hk, 16, d), torch.randn(1, hk, 16, d), torch.zeros(1, 1, 1, 5))
+    args = (torch.randn(1, hq, 1, d), torch.randn(1, hk, 16, d, dtype=caches[0]), torch.randn(1, hk, 16, d, dtype=caches[1]),
+            torch.zeros(1, 1, 1, 5))
     return torch.export.export(Step(), args)
 
 
@@ -408,8 +420,17 @@ def test_import_takes_an_attention_op_and_refuses_shapes_the_kernel_cannot_hold(
         with pytest.raises(CompileError) as e:
             importer.import_programs([(export.Exported(_attention_program(hq, hk, d), ""), "main")])
         assert str(e.value) == (
-            "llmc::attn_decode takes q [1, Hq, 1, D], caches [1, Hk, C, D] and a bias [1, 1, 1, L], all f32 and static but L, "
-            "with at most 8 query heads per KV head and D a multiple of 8 up to 256; "
+            "llmc::attn_decode takes q [1, Hq, 1, D], caches [1, Hk, C, D] (f32 or bf16, both alike) and a bias [1, 1, 1, L], "
+            "q and the bias f32, all static but L, with at most 8 query heads per KV head and D a multiple of 8 up to 256; "
             f"got !torch.vtensor<[1,{hq},1,{d}],f32>, !torch.vtensor<[1,{hk},16,{d}],f32>, !torch.vtensor<[1,{hk},16,{d}],f32>, "
             "!torch.vtensor<[1,1,1,5],f32>")
         assert e.value.exit_code == 3
+    # a bf16 cache: the bf16 kernel's declaration over the bf16 tensors; one bf16 and one f32 cache: refused
+    module, *_ = importer.import_programs([(export.Exported(_attention_program(8, 2, 16, (torch.bfloat16,) * 2), ""), "main")])
+    name = ukernels.attention_declaration_name(8, 2, 16, 16, 5, "bf16")
+    assert name.startswith(ukernels.ATTN_DECL_PREFIX + "bf16_")
+    assert (f"func.func private @{name}(tensor<1x8x1x16xf32>, tensor<1x2x16x16xbf16>, tensor<1x2x16x16xbf16>, "
+            "tensor<1x1x1x5xf32>) -> tensor<1x8x1x16xf32>") in str(module)
+    with pytest.raises(CompileError, match=r"got .*\[1,2,16,16\],bf16>, !torch.vtensor<\[1,2,16,16\],f32>"):
+        importer.import_programs([(export.Exported(_attention_program(8, 2, 16, (torch.bfloat16, torch.float32)), ""), "main")])
+

@@ -139,22 +139,26 @@ def test_bad_usage_exits_2(tmp_path, capsys, args, message):
 
 
 def test_plan_builds_adds_a_second_build_per_option():
-    """--prefill-buckets and --prefill-chunk each add a build of every dtype with that option (both: their
-    cross product), named in the row key and the file stem; --kernels both doubles the dtypes llmc has C
-    kernels for (narrow weights, and f32's prefill chunks), not f16."""
+    """--prefill-buckets, --prefill-chunk and --kv-dtype each add a build of every dtype with that option
+    (several: their cross product), named in the row key and the file stem; --kernels both doubles the
+    dtypes llmc has C kernels for (narrow weights, and f32's prefill chunks), not f16."""
     from llmc.tools import bench
 
     plan = lambda *a: {key: (stem, options, kern) for key, stem, _, _, options, kern in bench.plan_builds(bench.parse(list(a)))}
+    default = {"prefill_buckets": "auto", "prefill_chunk": "auto", "kv_dtype": "auto"}
     builds = plan("--dtypes", "f32", "--prefill-chunk", "none")
-    assert builds == {"f32": ("f32", {"prefill_buckets": "auto", "prefill_chunk": "auto"}, True),
-                      "f32 [chunk none]": ("f32-cnone", {"prefill_buckets": "auto", "prefill_chunk": "none"}, True)}
+    assert builds == {"f32": ("f32", default, True),
+                      "f32 [chunk none]": ("f32-cnone", {**default, "prefill_chunk": "none"}, True)}
     builds = plan("--dtypes", "f32,fp8", "--prefill-buckets", "128", "--prefill-chunk", "32", "--kernels", "both")
     assert len(builds) == 8 + 8
-    assert builds["f32 [chunk 32] [no kernels]"] == ("f32-c32-nokernels", {"prefill_buckets": "auto", "prefill_chunk": "32"}, False)
+    assert builds["f32 [chunk 32] [no kernels]"] == ("f32-c32-nokernels", {**default, "prefill_chunk": "32"}, False)
     assert len(plan("--dtypes", "f16", "--kernels", "both")) == 1
     assert builds["fp8 [buckets 128] [chunk 32] [no kernels]"] == (
-        "fp8-b128-c32-nokernels", {"prefill_buckets": "128", "prefill_chunk": "32"}, False)
-    assert builds["f32 [chunk 32]"][1] == {"prefill_buckets": "auto", "prefill_chunk": "32"}
+        "fp8-b128-c32-nokernels", {**default, "prefill_buckets": "128", "prefill_chunk": "32"}, False)
+    assert builds["f32 [chunk 32]"][1] == {**default, "prefill_chunk": "32"}
+    builds = plan("--dtypes", "bf16,fp8", "--kv-dtype", "bf16")
+    assert builds["bf16 [kv bf16]"] == ("bf16-kvbf16", {**default, "kv_dtype": "bf16"}, True)
+    assert set(builds) == {"bf16", "bf16 [kv bf16]", "fp8", "fp8 [kv bf16]"}
 
 
 def test_roofline_buffer_is_read_from_huge_pages_and_the_other_from_small_ones():
