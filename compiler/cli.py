@@ -66,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "dynamic prefill, then N at a time; auto (the default): 64 on cpu when --max-seq-len holds two "
                         "chunks (bf16/fp8/int8 weights: where llmc's C kernels serve), else none")
     c.add_argument("--kv-dtype", default="auto", metavar="auto|f32|bf16",
-                   help="Llama checkpoints: the KV cache's dtype; auto (the default): the compute dtype; bf16 on cpu "
-                        "stores K/V rounded to bf16 (math stays f32): half the cache memory and half the bytes a "
-                        "decode step's attention reads")
+                   help="Llama checkpoints: the KV cache's dtype; bf16 on cpu stores K/V rounded to bf16 (math stays "
+                        "f32): half the cache memory and half the bytes a decode step's attention reads; auto (the "
+                        "default): bf16 for --dtype bf16 on cpu, else the compute dtype")
     c.add_argument("--static-decode", choices=("auto", "on", "off"), default="auto",
                    help="Llama checkpoints: also export a decode step with every shape fixed (attention over the whole "
                         "cache, masked), which a GPU runtime can record once and replay; auto (the default): "

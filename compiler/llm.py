@@ -137,11 +137,17 @@ def resolve_chunk(spec, target, max_seq_len: int, tensor_parallel: int) -> int:
 
 def resolve_kv_dtype(spec, target, tensor_parallel: int) -> str:
     """The KV cache's dtype (a --dtype name: f32, bf16, f16) for --kv-dtype `spec` on this target. auto:
-    the compute dtype. A cache narrower than the compute dtype (bf16 under f32 math) only on cpu, where
-    the decode attention kernel reads it (passes/decode_attention_kernel.py) and the tests cover it."""
+    bf16 for --dtype bf16 on cpu (bf16 weights under f32 math: the cache in the dtype the user asked
+    for, as eager bf16 keeps it; half the memory, and half the bytes a decode step's attention reads),
+    else the compute dtype. A cache narrower than the compute dtype (bf16 under f32 math) only on cpu,
+    where the decode attention kernel reads it (passes/decode_attention_kernel.py) and the tests cover
+    it, and not with --tensor-parallel."""
     spec = parse_kv_dtype(spec)
-    if spec in ("auto", target.compute_dtype):
-        return target.compute_dtype
+    if spec == "auto":
+        narrow = target.name == "cpu" and target.dtype == "bf16" and target.compute_dtype == "f32" and tensor_parallel == 1
+        return "bf16" if narrow else target.compute_dtype
+    if spec == target.compute_dtype:
+        return spec
     if target.name != "cpu":
         raise UsageError(f"--kv-dtype {spec}: a cache in another dtype than the compute dtype ({target.compute_dtype} on "
                          f"{target.name}) is cpu only for now; leave it out")

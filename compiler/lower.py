@@ -78,8 +78,8 @@ class CompileOptions:
     # Llama checkpoints: a prefill_chunk entry point (C tokens after cached ones, C fixed): "auto" (cpu: 64
     # when the cache holds two chunks), "none", or C (compiler/llm.py resolve_chunk)
     prefill_chunk: object = "auto"
-    # Llama checkpoints: the KV cache's dtype, "auto" (the compute dtype) or f32 / bf16 (compiler/llm.py
-    # resolve_kv_dtype: bf16 under f32 math on cpu only)
+    # Llama checkpoints: the KV cache's dtype, "auto" (bf16 for --dtype bf16 on cpu, else the compute dtype)
+    # or f32 / bf16 (compiler/llm.py resolve_kv_dtype: bf16 under f32 math on cpu only)
     kv_dtype: str = "auto"
 
     def resolve(self) -> targets.ResolvedTarget:

@@ -9,6 +9,7 @@ import os
 import re
 
 import numpy as np
+from llmc.dtypes import by_name
 import pytest
 import torch
 
@@ -94,9 +95,9 @@ def check_bucket_matches_dynamic_prefill(mod, vocab_size: int) -> None:
     got = mod.generate(prompt, 8, stop_at_eos=False)
     assert mod.last_generation.prefill_function == "prefill_16"
     spec = mod.manifest["llm"]["cache"]
-    zeros = [np.zeros(spec["shape"], dtype=np.float32) for _ in range(spec["count"])]
+    zeros = [np.zeros(spec["shape"], dtype=by_name(spec["dtype"]).numpy) for _ in range(spec["count"])]
     dyn = mod.host(mod.entry_points["prefill"].call_raw([np.asarray([prompt], dtype=np.int64), *zeros])[0])
-    zeros = [np.zeros(spec["shape"], dtype=np.float32) for _ in range(spec["count"])]
+    zeros = [np.zeros(spec["shape"], dtype=by_name(spec["dtype"]).numpy) for _ in range(spec["count"])]
     bkt = mod.host(mod.entry_points["prefill_16"].call_raw([np.asarray([prompt], dtype=np.int64), np.asarray([16]), *zeros])[0])
     # the two prefills agree to f32 rounding (matmul blocking differs between a static and a dynamic M)
     assert np.abs(bkt - dyn).max() <= 1e-5 * np.abs(dyn).max()

@@ -164,10 +164,15 @@ def test_bad_kv_dtypes_are_refused(spec, target, dtype, tp, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-def test_auto_is_the_compute_dtype():
-    for name, dtype, want in (("cpu", "f32", "f32"), ("cpu", "bf16", "f32"), ("cpu", "fp8", "f32"), ("cuda", "f16", "f16")):
+def test_auto_is_bf16_for_bf16_weights_on_cpu_else_the_compute_dtype():
+    for name, dtype, want in (("cpu", "f32", "f32"), ("cpu", "fp8", "f32"), ("cpu", "int8", "f32"), ("cuda", "f16", "f16"),
+                              ("cuda", "bf16", "bf16"), ("vulkan", "bf16", "f32")):
         target = targets.resolve(name, None, dtype)
         assert llm.resolve_kv_dtype("auto", target, 1) == want == target.compute_dtype
+    cpu_bf16 = targets.resolve("cpu", None, "bf16")
+    assert cpu_bf16.compute_dtype == "f32" and llm.resolve_kv_dtype("auto", cpu_bf16, 1) == "bf16"
+    assert llm.resolve_kv_dtype("auto", cpu_bf16, 2) == "f32"  # --tensor-parallel: not yet
+    assert llm.resolve_kv_dtype("f32", cpu_bf16, 1) == "f32"  # the old cache, asked for
     assert llm.resolve_kv_dtype("bf16", targets.resolve("cpu", None, "fp8"), 1) == "bf16"
 
 

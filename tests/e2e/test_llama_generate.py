@@ -18,6 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import llmc  # noqa: E402
+from llmc.dtypes import by_name  # noqa: E402
 from llmc.models.llama.config import get_config  # noqa: E402
 from llmc.tools.make_checkpoint import write_checkpoint  # noqa: E402
 
@@ -94,7 +95,7 @@ def test_decode_step_continues_prefill(checkpoints, compiled):
     _, config, hf = checkpoints
     mod = llmc.load(compiled["meta"])
     spec = mod.manifest["llm"]["cache"]
-    cache = [torch.zeros(spec["shape"]) for _ in range(spec["count"])]
+    cache = [torch.zeros(spec["shape"], dtype=by_name(spec["dtype"]).torch) for _ in range(spec["count"])]
     tokens = torch.tensor([PROMPT])
     out = mod.prefill(tokens[:, :-1], *cache)
     step = mod.decode(tokens[:, -1:], torch.ones(1, len(PROMPT), dtype=torch.int64), *out[1:])
@@ -110,9 +111,9 @@ def test_bf16_first_16_tokens_equal_eager_bf16(checkpoints, tmp_path):
     root, config, hf = checkpoints
     art = llmc.compile(root / "hf", output=tmp_path / "bf16.vmfb", dtype="bf16", max_seq_len=MAX_SEQ)
     manifest = art.read_manifest()
-    # bf16 on cpu is bf16 weights with f32 math (passes/bf16_weights.py): the cache is f32 and the
-    # .irpa holds 2 bytes per weight.
-    assert manifest["llm"]["cache"]["dtype"] == "float32"
+    # bf16 on cpu is bf16 weights with f32 math (passes/bf16_weights.py): the .irpa holds 2 bytes per
+    # weight, and the cache is bf16 too (--kv-dtype auto: K/V rounded as eager bf16 stores them)
+    assert manifest["llm"]["cache"]["dtype"] == "bfloat16" and manifest["llm"]["cache"]["narrowed"]
     weights = sum(p.numel() for p in hf.parameters() if p.dim() == 2)
     assert art.params.stat().st_size < 2.2 * weights
     got = llmc.load(art).generate(PROMPT, 16, stop_at_eos=False)

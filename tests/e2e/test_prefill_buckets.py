@@ -8,6 +8,7 @@ f32) and against the module's own dynamic prefill (logits and the cache's prompt
 import json
 
 import numpy as np
+from llmc.dtypes import by_name
 import pytest
 import torch
 from conftest import hf_greedy, llmc_in_process, vulkan_or_skip
@@ -66,12 +67,12 @@ def test_generate_pads_into_the_bucket_and_matches_transformers(setup, n, entry)
 def test_bucket_logits_and_cache_equal_the_dynamic_prefill(setup, n):
     _, config, _, mod = setup
     spec = mod.manifest["llm"]["cache"]
-    zeros = [np.zeros(spec["shape"], dtype=np.float32) for _ in range(spec["count"])]
+    zeros = [np.zeros(spec["shape"], dtype=by_name(spec["dtype"]).numpy) for _ in range(spec["count"])]
     prompt = np.asarray([_prompt(n, config.vocab_size)], dtype=np.int64)
     padded = np.zeros((1, 16), dtype=np.int64)
     padded[0, :n] = prompt[0]
     dyn = [mod.host(x) for x in mod.entry_points["prefill"].call_raw([prompt, *zeros])]
-    zeros = [np.zeros(spec["shape"], dtype=np.float32) for _ in range(spec["count"])]
+    zeros = [np.zeros(spec["shape"], dtype=by_name(spec["dtype"]).numpy) for _ in range(spec["count"])]
     bkt = [mod.host(x) for x in mod.entry_points["prefill_16"].call_raw([padded, np.asarray([n], dtype=np.int64), *zeros])]
     rel = np.abs(bkt[0] - dyn[0]).max() / np.abs(dyn[0]).max()
     assert rel <= 1e-5, f"logits of position {n - 1}: max rel {rel:.3g}"

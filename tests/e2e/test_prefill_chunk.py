@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from llmc.dtypes import by_name
 import pytest
 import torch
 from conftest import hf_greedy, llmc_in_process
@@ -124,7 +125,7 @@ def test_generate_runs_the_chunks_and_matches_transformers(setup, n, entry):
 def test_chunks_give_the_logits_and_cache_of_the_dynamic_prefill(setup, n):
     _, config, _, mod = setup
     spec = mod.manifest["llm"]["cache"]
-    zeros = lambda: [np.zeros(spec["shape"], dtype=np.float32) for _ in range(spec["count"])]
+    zeros = lambda: [np.zeros(spec["shape"], dtype=by_name(spec["dtype"]).numpy) for _ in range(spec["count"])]
     prompt = np.asarray([_prompt(n, config.vocab_size)], dtype=np.int64)
     dyn = [mod.host(x) for x in mod.entry_points["prefill"].call_raw([prompt, *zeros()])]
     out = mod.entry_points["prefill"].call_raw([prompt[:, :n % CHUNK], *zeros()]) if n % CHUNK else [None, *zeros()]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+from llmc.dtypes import by_name
 import pytest
 import torch
 from conftest import llmc_in_process
@@ -71,7 +72,7 @@ def test_static_step_logits_equal_the_dynamic_step(setup):
     n = 10
     padded = np.zeros((1, 16), dtype=np.int64)
     padded[0, :n] = _prompt(n, config.vocab_size)
-    zeros = [np.zeros(spec["shape"], dtype=np.float32) for _ in range(spec["count"])]
+    zeros = [np.zeros(spec["shape"], dtype=by_name(spec["dtype"]).numpy) for _ in range(spec["count"])]
     out = [mod.host(x) for x in mod.entry_points["prefill_16"].call_raw([padded, np.asarray([n], dtype=np.int64), *zeros])]
     assert np.abs(out[1][:, :, n:16]).max() > 0  # the pads' keys: what the mask must hide
     dyn_cache, st_cache = out[1:], [c.copy() for c in out[1:]]

@@ -82,9 +82,10 @@ def llama_bf16(tmp_path_factory):
     root = tmp_path_factory.mktemp("llama_bf16")
 
     @functools.cache
-    def get(source):
-        out = root / f"{str(source).split('.')[-1]}.vmfb"
-        return llmc.compile(init_random(get_config("tiny"), seed=2, dtype=source), output=out, dtype="bf16", max_seq_len=32, quiet=True)
+    def get(source, kv_dtype="auto"):
+        out = root / f"{str(source).split('.')[-1]}-{kv_dtype}.vmfb"
+        return llmc.compile(init_random(get_config("tiny"), seed=2, dtype=source), output=out, dtype="bf16", max_seq_len=32, quiet=True,
+                            kv_dtype=kv_dtype)
 
     return get
 
@@ -103,19 +104,21 @@ def test_llama_checkpoint_dtypes_all_get_bf16_packed_weights(llama_bf16, source)
     assert sum(v for k, v in stats["forms"].items() if k.startswith("packed")) == 2 * (7 * cfg.n_layers + 1)
 
 
-def test_a_tied_output_stays_f32_and_others_are_bf16(llama_bf16):
-    """The Llama's KV cache is returned into its own f32 buffer: the bf16-outputs pass leaves tied
-    outputs alone (compile_llm ties prefill's cache outputs to its cache inputs). Read from
-    test_llama_checkpoint_dtypes_all_get_bf16_packed_weights[source0]'s module (the pass does not look
-    at the weights' source dtype)."""
+def test_a_tied_output_keeps_its_dtype_and_others_are_bf16(llama_bf16):
+    """The Llama's KV cache is returned into its own buffer: the bf16-outputs pass leaves tied outputs
+    alone (compile_llm ties prefill's cache outputs to its cache inputs). By default the cache is bf16
+    (--kv-dtype auto) and nothing is left for the pass to decline; with --kv-dtype f32 every cache output
+    is f32 and declined as tied. The first module is test_llama_checkpoint_dtypes_all_get_bf16_packed_
+    weights[source0]'s (the pass does not look at the weights' source dtype)."""
     from llmc.models.llama.config import get_config
 
-    manifest = llama_bf16(torch.bfloat16).read_manifest()
-    stats = {p["name"]: p for p in manifest["passes"]}["bf16-outputs"]
     n_cache = 2 * get_config("tiny").n_layers
-    assert stats["rewrote"] == 2 and stats["declined"] == 2 * n_cache  # logits of prefill and decode; every cache output
-    outs = manifest["entry_points"]["prefill"]["outputs"]["children"]
-    assert [o["dtype"] for o in outs] == ["bfloat16"] + ["float32"] * n_cache
+    for kv, cache_dtype, declined in (("auto", "bfloat16", 0), ("f32", "float32", n_cache * 2)):
+        manifest = llama_bf16(torch.bfloat16, kv).read_manifest()
+        stats = {p["name"]: p for p in manifest["passes"]}["bf16-outputs"]
+        assert stats["rewrote"] == 2 and stats["declined"] == declined, (kv, stats)  # logits of prefill and decode
+        outs = manifest["entry_points"]["prefill"]["outputs"]["children"]
+        assert [o["dtype"] for o in outs] == ["bfloat16"] + [cache_dtype] * n_cache
 
 
 @pytest.mark.slow
