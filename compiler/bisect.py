@@ -232,13 +232,14 @@ def bisect_llm(
     gen = torch.Generator().manual_seed(seed)
     from llmc.models.llama.model import new_cache
 
-    cache = new_cache(cfg, max_len, dtypes.compute_torch_dtype(probe.compute_dtype))
+    kv_dtype = llm.resolve_kv_dtype("auto", probe, 1)  # the cache `llmc compile` would give it (bf16 for cpu bf16)
+    cache = new_cache(cfg, max_len, dtypes.compute_torch_dtype(kv_dtype))
     inputs = {
         "prefill": ((torch.randint(0, cfg.vocab_size, (1, 8), generator=gen), *cache), {}),
         "decode": ((torch.randint(0, cfg.vocab_size, (1, 1), generator=gen), torch.ones(1, 9, dtype=torch.int64), *cache), {}),
     }
     reports = []
-    for entry in llm.export_llm(llama, probe.compute_dtype, max_len):
+    for entry in llm.export_llm(llama, probe.compute_dtype, max_len, kv_dtype=kv_dtype):
         started = time.perf_counter()
         plan = pipeline.build(probe)
         reports.append(_bisect_program(entry.exported, f"{path.name}:{entry.function}", probe, plan, inputs[entry.function],

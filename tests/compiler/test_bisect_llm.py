@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from llmc.compiler import bisect, cli, iree
 from llmc.errors import CompileError
@@ -28,6 +29,28 @@ def test_clean_checkpoint_is_ok_for_both_entry_points(checkpoint, tmp_path, caps
     for r in rep["entry_points"]:
         assert r["status"] == "ok" and r["compared_with_eager"] and r["ops_total"] > 20 and r["compile_attempts"] == 1
     assert out.count("ok: tiny:") == 2
+
+
+def test_bf16_bisects_the_program_compile_builds(checkpoint, tmp_path, capsys, monkeypatch):
+    """--dtype bf16 on cpu: the entry points as `llmc compile` makes them, with their bf16 KV cache
+    (--kv-dtype auto): the programs take bf16 caches, compile, and match eager on those inputs."""
+    seen = []
+    real = bisect._bisect_program
+
+    def spy(exported, name, probe, plan, given_inputs, *a, **kw):
+        seen.append((name, given_inputs[0][-1].dtype,
+                     [n.meta["val"].dtype for n in exported.program.graph.find_nodes(op="placeholder") if n.name.startswith("cache")][-1:]))
+        return real(exported, name, probe, plan, given_inputs, *a, **kw)
+
+    monkeypatch.setattr(bisect, "_bisect_program", spy)
+    code = cli.main(["bisect", str(checkpoint), "--dtype", "bf16", "-o", str(tmp_path / "out"), "--json", str(tmp_path / "r.json"),
+                     "--max-seq-len", "16"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    for r in json.loads((tmp_path / "r.json").read_text())["entry_points"]:
+        assert r["status"] == "ok" and r["compared_with_eager"], r
+    assert [(n.split(":")[1], dt) for n, dt, _ in seen] == [("prefill", torch.bfloat16), ("decode", torch.bfloat16)]
+    assert all(program == [torch.bfloat16] for *_, program in seen), seen
 
 
 def test_a_failing_op_in_decode_is_localised(checkpoint, tmp_path, monkeypatch):
