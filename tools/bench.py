@@ -349,6 +349,10 @@ def main(argv=None) -> int:
     if args.checkpoint:  # llmc.compile reads the checkpoint itself: hold one copy of a big model at a time
         llama = None
     max_len = args.prompt + args.decode + 8
+    if max_len > config.max_seq_len:  # llmc.compile would refuse it after the first build's setup
+        print(f"bench: error: --prompt {args.prompt} + --decode {args.decode} (+ 8) is {max_len} positions; {name} has "
+              f"{config.max_seq_len}: give a shorter --prompt or --decode", file=sys.stderr)
+        raise SystemExit(2)
     prompt = torch.randint(0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
     args.out.mkdir(parents=True, exist_ok=True)
     artifacts, compile_s = {}, {}

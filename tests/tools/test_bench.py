@@ -126,6 +126,7 @@ def test_kernels_both_builds_each_narrow_dtype_with_and_without_them(reports):
     (["--dtypes", "f64"], "unknown dtype"),
     (["--threads", "two"], "--threads"),
     (["--decode", "1"], "--decode >= 2"),
+    (["--config", "tiny", "--prompt", "4000"], "give a shorter --prompt or --decode"),
 ])
 def test_bad_usage_exits_2(tmp_path, capsys, args, message):
     """The bench's main() in this process (a Python with torch per case costs ~6 s)."""
