@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+from llmc.dtypes import by_name
 from llmc.passes._scratch import Scratch, is_file_backed
 
 
@@ -96,7 +97,8 @@ def test_compile_from_a_mapped_checkpoint_uses_scratch_and_matches_eager(tmp_pat
     prompt = torch.tensor([[1, 7, 3, 9]])
     with torch.no_grad():
         ref = LlamaPrefill(model.float())(prompt, *new_cache(cfg, 16, torch.float32))[0]
-    got = llmc.load(art).prefill(prompt, *new_cache(cfg, 16, torch.float32))[0]
+    mod = llmc.load(art)  # its cache in the manifest's dtype (bf16: --kv-dtype auto gives a bf16 cache)
+    got = mod.prefill(prompt, *new_cache(cfg, 16, by_name(mod.manifest["llm"]["cache"]["dtype"]).torch))[0]
     # bf16: the same bf16 weights in f32 math, the rope tables rounded to bf16 as eager bf16 rounds
     # them (measured 0.26% of the largest logit); fp8: the quantization error of E4M3 on top. A wrong
     # packed layout is off by the size of the logits.
