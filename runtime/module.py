@@ -182,16 +182,17 @@ class EntryPoint:
         return "(" + ", ".join(parts) + ")"
 
     def call_raw(self, arrays: list):
-        for retried in (False, True):
+        for retries_left in (2, 1, 0):
             try:
                 return self._function()(*arrays)
             except Exception as e:
                 # A Vulkan device lost during a call (lavapipe's timeline emulation and IREE 3.13's unlocked
                 # queue wakeup, see _ensure_loaded) stays lost. When every input is a host array, nothing of
-                # the call lived on that device: run it once more on a new one. Device-resident inputs (a
-                # KV cache from an earlier call) are gone with the device, so those calls fail. A load that
-                # failed has had its own retry.
-                if retried or isinstance(e, RuntimeLoadError) or not is_device_lost(e, self._module.device_family) or not all(isinstance(a, np.ndarray) for a in arrays):
+                # the call lived on that device: run it once more on a new one, twice at most (as a load is
+                # retried; one retry lost its device again in a full local run, docs/targets.md). Device-
+                # resident inputs (a KV cache from an earlier call) are gone with the device, so those calls
+                # fail. A load that failed has had its own retry.
+                if not retries_left or isinstance(e, RuntimeLoadError) or not is_device_lost(e, self._module.device_family) or not all(isinstance(a, np.ndarray) for a in arrays):
                     raise RuntimeCallError(f"{self.name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
                 log.warning("%s: the Vulkan device was lost while running %s (%s); running it once more on a new device",
                             self._module.vmfb, self.name, first_line(e))

@@ -315,12 +315,20 @@ def test_a_device_lost_during_a_call_on_host_inputs_is_run_again_on_a_new_device
     assert diff_metrics.compare("after", m(x), eager(model, x), F32).max_rel <= 1e-5 and opened == [False, True]
 
 
-def test_a_device_lost_twice_during_a_call_is_a_one_line_error(compiled, monkeypatch):
+def test_a_device_lost_twice_during_a_call_gets_a_third_device(compiled, monkeypatch):
+    model, _, art = compiled
     opened = _losing_calls(monkeypatch, losses=2)
+    x = x_of(6, seed=4)
+    assert diff_metrics.compare("third", llmc.load(art)(x), eager(model, x), F32).max_rel <= 1e-5
+    assert opened == [False, True, True]
+
+
+def test_a_device_lost_three_times_during_a_call_is_a_one_line_error(compiled, monkeypatch):
+    opened = _losing_calls(monkeypatch, losses=3)
     with pytest.raises(RuntimeCallError) as ei:
         llmc.load(compiled[2])(x_of(5))
     msg = str(ei.value)
-    assert opened == [False, True] and "IREE failed while running the module" in msg and "VK_ERROR_DEVICE_LOST" in msg, msg
+    assert opened == [False, True, True] and "IREE failed while running the module" in msg and "VK_ERROR_DEVICE_LOST" in msg, msg
     assert "\n" not in msg
 
 
