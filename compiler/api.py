@@ -86,9 +86,9 @@ def compile_model(
     default): 64 on cpu when max_seq_len holds two chunks (bf16/fp8/int8 weights: only where llmc's C
     kernels serve, compiler/ukernels.py), else none; "none" or 0: none.
     kv_dtype (Llama checkpoints): the KV cache's dtype: "auto" (bf16 for --dtype bf16 on cpu, else the compute
-    dtype), "f32", or "bf16" (cpu:
-    K/V rows rounded to bf16 as they are written and widened exactly as attention reads them, math in
-    f32; half the cache's memory and half the bytes a decode step's attention reads: docs/targets.md).
+    dtype), "f32", or "bf16" (cpu: K/V rows rounded to bf16 as they are written and widened exactly as
+    attention reads them, math in f32; half the cache's memory and half the bytes a decode step's attention
+    reads: docs/architecture.md "KV cache dtype").
     """
     opts = lower.CompileOptions(
         target=target, arch=arch, dtype=dtype, output=Path(output) if output is not None else None,

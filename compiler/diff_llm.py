@@ -88,7 +88,7 @@ def run(o, overrides: dict):
         compute = next(k for k, v in dtypes.COMPUTE_DTYPES.items() if v == manifest["llm"]["cache"]["dtype"])
         # A cache the user narrowed (--kv-dtype bf16 under f32 math) is part of the model's meaning: eager
         # stores its K/V in that dtype too (models/llama/model.py `stored`), so only the arithmetic differs.
-        ref_kv = cache_tdt if manifest["llm"]["cache"].get("narrowed") else tdt
+        ref_kv = cache_tdt if narrowed else tdt
         with torch.no_grad():
             ref = LlamaPrefill(llama)(prompt, *new_cache(cfg, max_len, ref_kv))
         got = mod.prefill(prompt, *module_cache(manifest))
@@ -134,8 +134,9 @@ def run(o, overrides: dict):
             mask = torch.ones(1, head + c, dtype=torch.int64)
             with torch.no_grad():
                 before = LlamaPrefill(llama)(ids[:, :head], *new_cache(cfg, max_len, ref_kv))[1:]
-                # a narrowed cache: the chunk attends over the rounded rows before it, one prefill over
-                # unrounded ones, so eager's own chunk is the reference there
+                # a cache narrower than eager's math: the chunk attends over the rounded rows before it, one
+                # prefill over unrounded ones, so eager's own chunk is the reference there (eager bf16 with
+                # a bf16 cache rounds everything anyway: one prefill, as for every other module)
                 whole = (LlamaPrefillChunk(llama)(ids[:, head:], mask, *before) if ref_kv != tdt else
                          LlamaPrefill(llama)(ids, *new_cache(cfg, max_len, ref_kv)))[0]
             got_c = getattr(mod, chunk["function"])(ids[:, head:], mask, *(t.to(cache_tdt) for t in before))

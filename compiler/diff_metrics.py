@@ -73,6 +73,8 @@ def profile_for(dtype: str, kv_narrowed: bool) -> str:
     if kv_narrowed and TOLERANCES.get(dtype, TOLERANCES["f32"])["max_rel"] < TOLERANCES["kv-bf16"]["max_rel"]:
         return "kv-bf16"
     return dtype
+
+
 # What each key means (for --tolerance and the report schema).
 TOLERANCE_KEYS = {
     "max_rel": "max |compiled - eager| / max |eager| must not exceed this",

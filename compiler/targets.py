@@ -734,7 +734,7 @@ KV_DTYPES = ("f32", "bf16")  # what --kv-dtype names besides auto
 
 
 def parse_kv_dtype(spec) -> str:
-    """--kv-dtype: "auto" (the compute dtype) or one of KV_DTYPES."""
+    """--kv-dtype: "auto" (compiler/llm.py resolve_kv_dtype decides per target and dtype) or one of KV_DTYPES."""
     t = str(spec).strip().lower() if spec is not None else "auto"
     if t not in ("auto", *KV_DTYPES):
         raise UsageError(f"--kv-dtype={spec}: give auto, {', '.join(KV_DTYPES)}")

@@ -268,7 +268,12 @@ def _replace_with_call(module, op, name: str, arg_types: list, result_type, decl
 
 # The KV cache element types the attention kernel reads: the torch-mlir/MLIR element -> how the C function
 # sees it (bf16 as its bits: llmc_attn_decode_bf16 widens each element exactly)
-ATTN_CACHE_ELEMENTS = {"f32": "f32", "bf16": "i16"}
+ATTN_CACHE_ELEMENTS = {"f32": "f32", "bf16": KINDS["bf16"][0]}
+
+
+def _attention_export(cache: str) -> str:
+    """The executable export (and C function, llmc_ + it) of the attention kernel over this cache element."""
+    return "attn_decode" + ("" if cache == "f32" else "_" + cache)
 
 
 def attention_declaration_name(hq: int, hk: int, c: int, d: int, length: int | None = None, cache: str = "f32") -> str:
@@ -295,8 +300,8 @@ def _lower_attention(module, op, declared: set) -> None:
     # the C kernel's stack arrays hold MAX_GROUP query heads of MAX_HEAD_DIM floats
     if not ok or hk < 1 or hq % hk or hq // hk > MAX_GROUP or d % 8 or not 0 < d <= MAX_HEAD_DIM:
         raise CompileError(f"llmc::attn_decode takes q [1, Hq, 1, D], caches [1, Hk, C, D] (f32 or bf16, both alike) and a "
-                           f"bias [1, 1, 1, L], q and the bias f32, all static but L, with at most {MAX_GROUP} query heads per KV head and D a multiple of 8 up "
-                           f"to {MAX_HEAD_DIM}; got {q.type}, {kc.type}, {vc.type}, {bias.type}")
+                           f"bias [1, 1, 1, L], q and the bias f32, all static but L, with at most {MAX_GROUP} query heads "
+                           f"per KV head and D a multiple of 8 up to {MAX_HEAD_DIM}; got {q.type}, {kc.type}, {vc.type}, {bias.type}")
     length = int(bs[3]) if bs[3].isdigit() else None
     name = attention_declaration_name(hq, hk, c, d, length, ke)
     t_q, t_c = ir.Type.parse(f"tensor<1x{hq}x1x{d}xf32>"), ir.Type.parse(f"tensor<1x{hk}x{c}x{d}x{ke}>")
@@ -355,7 +360,7 @@ def _attention_definition(indent: str, name: str, hq: int, hk: int, c: int, d: i
     """The body of a declared attention function: a flow.dispatch of @attn_decode (@attn_decode_bf16 over a
     bf16 cache), one workgroup per KV head, L read from the bias (its dynamic last dim, or the static one)."""
     tq, tc = f"tensor<1x{hq}x1x{d}xf32>", f"tensor<1x{hk}x{c}x{d}x{cache}>"
-    export = "attn_decode" + ("" if cache == "f32" else "_" + cache)
+    export = _attention_export(cache)
     tb = f"tensor<1x1x1x{'?' if length is None else length}xf32>"
     row_count = (["  %c3 = arith.constant 3 : index", f"  %l = tensor.dim %b, %c3 : {tb}"] if length is None else
                  [f"  %l = arith.constant {length} : index"])
@@ -377,8 +382,7 @@ def _attention_definition(indent: str, name: str, hq: int, hk: int, c: int, d: i
 
 def _attention_executable_parts(cache: str = "f32") -> tuple[str, str]:
     """The export and function of @attn_decode (f32 cache) or @attn_decode_bf16 (the cache as i16 bits)."""
-    fn = "attn_decode" + ("" if cache == "f32" else "_" + cache)
-    ce = ATTN_CACHE_ELEMENTS[cache]
+    fn, ce = _attention_export(cache), ATTN_CACHE_ELEMENTS[cache]
     export = f"""\
   stream.executable.export public @{fn} workgroups(%hk: index) -> (index, index, index) {{
     %c1 = arith.constant 1 : index

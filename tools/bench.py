@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import copy
 import ctypes
+import itertools
 import json
 import mmap
 import os
@@ -312,26 +313,20 @@ def plan_builds(args) -> list[tuple[str, str, str, str, dict, bool]]:
     from llmc.compiler import ukernels
 
     archs = args.arch or ["host"]
+    also = lambda option: [None, option] if option else [None]  # the default build, and one with the option
     builds = []
-    for d in args.dtypes:
-        for arch in archs:
-            for buckets in ([None, args.prefill_buckets] if args.prefill_buckets else [None]):
-                for chunk in ([None, args.prefill_chunk] if args.prefill_chunk else [None]):
-                    for kv in ([None, args.kv_dtype] if args.kv_dtype else [None]):
-                        for kern in (KERNEL_CHOICES[args.kernels] if d in ukernels.GEMM_KINDS else (True,)):
-                            key = d if len(archs) == 1 else f"{d} [{arch}]"
-                            stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
-                            options = {"prefill_buckets": buckets or "auto", "prefill_chunk": chunk or "auto",
-                                       "kv_dtype": kv or "auto"}
-                            if buckets:
-                                key, stem = f"{key} [buckets {buckets}]", f"{stem}-b{buckets.replace(',', '-')}"
-                            if chunk:
-                                key, stem = f"{key} [chunk {chunk}]", f"{stem}-c{chunk}"
-                            if kv:
-                                key, stem = f"{key} [kv {kv}]", f"{stem}-kv{kv}"
-                            if not kern:
-                                key, stem = f"{key} [no kernels]", f"{stem}-nokernels"
-                            builds.append((key, stem, d, arch, options, kern))
+    for d, arch, buckets, chunk, kv in itertools.product(args.dtypes, archs, also(args.prefill_buckets),
+                                                         also(args.prefill_chunk), also(args.kv_dtype)):
+        for kern in (KERNEL_CHOICES[args.kernels] if d in ukernels.GEMM_KINDS else (True,)):
+            key = d if len(archs) == 1 else f"{d} [{arch}]"
+            stem = d if len(archs) == 1 else f"{d}-{arch.replace(',', '+')}"
+            options = {"prefill_buckets": buckets or "auto", "prefill_chunk": chunk or "auto", "kv_dtype": kv or "auto"}
+            for value, label, suffix in ((buckets, f"buckets {buckets}", f"b{(buckets or '').replace(',', '-')}"),
+                                         (chunk, f"chunk {chunk}", f"c{chunk}"), (kv, f"kv {kv}", f"kv{kv}"),
+                                         (not kern, "no kernels", "nokernels")):
+                if value:
+                    key, stem = f"{key} [{label}]", f"{stem}-{suffix}"
+            builds.append((key, stem, d, arch, options, kern))
     return builds
 
 

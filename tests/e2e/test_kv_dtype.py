@@ -157,6 +157,7 @@ def test_llmc_diff_compares_against_eager_with_the_same_cache(setup, tmp_path):
     ("bf16", "vulkan", "f32", 1, "cpu only for now"),
     ("f32", "cuda", "f16", 1, "cpu only for now"),
     ("bf16", "cpu", "f32", 2, "not available with --tensor-parallel"),
+    ("bf16", "cpu", "f16", 1, "--kv-dtype bf16: cpu stores a f16 model's cache as f16 or, under f32 math, bf16; give auto or bf16"),
 ])
 def test_bad_kv_dtypes_are_refused(spec, target, dtype, tp, needle):
     with pytest.raises(UsageError) as e:
@@ -183,4 +184,12 @@ def test_cli_refuses_a_bad_kv_dtype_in_one_line(setup, tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
     r = llmc_in_process("compile", root / "hf", "--target", "vulkan", "--kv-dtype", "bf16", "-o", tmp_path / "v.vmfb")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "--kv-dtype bf16" in r.stderr, r.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_kv_dtype_is_refused_for_a_program_that_is_not_a_llama(tmp_path):
+    """An nn.Module with example inputs has no KV cache: one-line UsageError (exit 2), nothing written."""
+    with pytest.raises(UsageError) as e:
+        llmc.compile(torch.nn.Linear(4, 4), (torch.randn(1, 4),), output=tmp_path / "m.vmfb", kv_dtype="bf16")
+    assert str(e.value) == "--kv-dtype applies to Llama checkpoints; Linear is not one" and e.value.exit_code == 2
     assert not list(tmp_path.iterdir())

@@ -32,8 +32,11 @@ dyn = (None, None, None, {3: n}, None, None, None)
 torch.export.save(torch.export.export(Attn(), args, dynamic_shapes=dyn), sys.argv[1])
 
 # CHECK-LABEL: func.func @main
+# CHECK-NOT:   torch.aten.to.dtype %arg2,
 # CHECK:       call @__llmc_attn_decode_bf16_4x2x16x8(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x4x1x8xf32>, tensor<1x2x16x8xbf16>, tensor<1x2x16x8xbf16>, tensor<1x1x1x?xf32>) -> tensor<1x4x1x8xf32>
+# CHECK-NOT:   torch.aten.to.dtype %arg2,
 # CHECK:       call @__llmc_attn_decode_bf16_4x2x16x8_L16(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x4x1x8xf32>, tensor<1x2x16x8xbf16>, tensor<1x2x16x8xbf16>, tensor<1x1x1x16xf32>) -> tensor<1x4x1x8xf32>
+# CHECK-NOT:   torch.aten.to.dtype %arg2,
 # CHECK:       torch.aten.to.dtype %arg5, {{.*}} -> !torch.vtensor<[1,2,16,8],f32>
 # CHECK:       call @__llmc_attn_decode_4x2x16x8_L16(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<1x4x1x8xf32>, tensor<1x2x16x8xf32>, tensor<1x2x16x8xf32>
 # CHECK:       flow.dispatch @__llmc_kernels::@attn_decode_bf16[%hk](%q, %k, %v, %b, %l, %hk, %g, %c, %d) : (tensor<1x4x1x8xf32>, tensor<1x2x16x8xbf16>, tensor<1x2x16x8xbf16>
