@@ -14,7 +14,8 @@ bandwidth (torch sum over 256 MiB of f32 in 2 MB pages, median of 3, the rooflin
 project's machines drift by 20-30% within minutes, so the roofline is the median over the rounds and
 the report gives the range), each artifact's greedy
 generate(prompt, --decode tokens), and eager PyTorch (llmc's own Llama with a KV cache:
-LlamaPrefill + LlamaDecode) in each `--eager` dtype. Prefill tok/s = prompt tokens / time to the
+LlamaPrefill + LlamaDecode, the prefill's last layer over every position as a standard forward runs
+it; llmc runs only the position the logits read there) in each `--eager` dtype. Prefill tok/s = prompt tokens / time to the
 first new token; decode tok/s = decode steps / their time. --weights picks where llmc's weights live
 (llmc.load's weights=; `both` loads each artifact twice, mapped and in huge-page memory).
 --prefill-buckets N,... builds each dtype a second time with those static-length prefills and times
@@ -165,7 +166,8 @@ def eager_run(llama, config, prompt: list[int], n_new: int, max_len: int, dtype)
     from llmc.models.llama.model import LlamaDecode, LlamaPrefill, new_cache
 
     cache = new_cache(config, max_len, dtype)
-    prefill, decode = LlamaPrefill(llama), LlamaDecode(llama)
+    # whole_last_layer: a standard forward, as eager PyTorch runs a Llama (llmc skips the last layer's unread rows)
+    prefill, decode = LlamaPrefill(llama, whole_last_layer=True), LlamaDecode(llama)
     with torch.no_grad():
         start = time.perf_counter()
         out = prefill(torch.tensor([prompt]), *cache)

@@ -337,7 +337,8 @@ def torch_reference(ckpt: Path, max_len: int, device: str, logits_file: Path) ->
            "streamed_bytes": sum(p.numel() * p.element_size() for p in model.parameters())
            - (0 if config.tie_embeddings else model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()),
            "kv_bytes_per_position": 2 * config.n_layers * config.n_kv_heads * config.head_dim * torch.tensor([], dtype=dtype).element_size()}
-    prefill, decode = LlamaPrefill(model), LlamaDecode(model)
+    # whole_last_layer: a standard forward, as PyTorch runs a Llama (llmc skips the last layer's unread rows)
+    prefill, decode = LlamaPrefill(model, whole_last_layer=True), LlamaDecode(model)
 
     def eager():
         with torch.device(device), torch.no_grad():
@@ -384,7 +385,7 @@ def _graph_timings(model, config, prompt, max_len, dtype, ref_tokens) -> dict:
     with torch.device(dev), torch.no_grad():
         tokens = torch.tensor([prompt])
         cache = new_cache(config, max_len, dtype)
-        prefill = LlamaPrefill(model)
+        prefill = LlamaPrefill(model, whole_last_layer=True)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):

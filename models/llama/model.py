@@ -96,12 +96,15 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.dim, bias=False)
 
-    def qkv(self, x, cos, sin):
+    def qkv(self, x, cos, sin, query_rows=None):
+        """q, k, v [B, H, S, D] with RoPE. `query_rows` (a function taking a tensor and the dim of its
+        positions) keeps only those positions' queries: k and v are still made for every row."""
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        xq, cq, sq = (x, cos, sin) if query_rows is None else (query_rows(x, 1), query_rows(cos, 0), query_rows(sin, 0))
+        q = self.q_proj(xq).view(b, xq.shape[1], self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return apply_rope(q, cq, sq), apply_rope(k, cos, sin), v
 
     def out(self, o):
         # [B, H, S, D] -> [B, S, H*D]: the transpose(1,2).flatten(2,3) -> linear pattern.
@@ -246,25 +249,39 @@ def head_logits(m: "Llama", h):
     return m.lm_head(m.model.norm(h)).float()
 
 
+def last_position(t, dim):
+    """The last position of `t` along `dim`, kept as a length-1 dim."""
+    return t.narrow(dim, t.shape[dim] - 1, 1)
+
+
 class LlamaPrefill(nn.Module):
     """prefill(tokens[1, S], *cache) -> (logits of the last position [1, 1, vocab], *cache').
 
     Writes K/V of positions 0..S-1 into the cache and attends causally over the S new tokens. Only
     the last position goes through the LM head (docs/architecture.md: -21% prefill time, and no
-    S x vocab output).
+    S x vocab output), and so only it goes through the last layer past its K/V: that layer makes K
+    and V of every position (the cache needs them) but its query, attention, output projection and
+    MLP for the last position alone, which is all the logits read (the other positions' outputs of
+    the last layer feed nothing). llama.cpp skips the same rows. For small-125m that is 7.8% of a
+    prefill's FLOPs (docs/targets.md, "The last layer's unread rows"). `whole_last_layer=True` runs
+    that layer over every position, as a standard forward (eager PyTorch, transformers) does: the
+    benchmark's eager reference.
     """
 
-    def __init__(self, llama: Llama):
+    def __init__(self, llama: Llama, whole_last_layer: bool = False):
         super().__init__()
         self.llama = llama
+        self.whole_last_layer = whole_last_layer
 
     def forward(self, tokens, *cache):
-        h, out_cache = self.layers(tokens, cache)
-        logits = head_logits(self.llama, h[:, -1:, :])
+        h, out_cache = self.layers(tokens, cache, last_position, None)
+        logits = head_logits(self.llama, h)
         return (logits, *out_cache)
 
-    def layers(self, tokens, cache):
-        """The hidden states of every position after the last layer, and the cache with their K/V written."""
+    def layers(self, tokens, cache, pick, pick_bias):
+        """The hidden state after the last layer of the one position `pick(t, dim)` selects, and the cache
+        with every position's K/V written. `pick_bias`: the additive mask [1, 1, 1, S] of that position's
+        attention in the last layer (None: it sees every position, as the last one does causally)."""
         m = self.llama
         s = tokens.shape[1]
         h = m.embed(tokens)
@@ -273,15 +290,21 @@ class LlamaPrefill(nn.Module):
         # aten.slice_scatter with a dynamic end unlowered and iree-compile rejects it.
         rows = torch.arange(s)
         out_cache = []
+        last = len(m.model.layers) - 1
         for i, layer in enumerate(m.model.layers):
             attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
+            one_row = i == last and not self.whole_last_layer
+            q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin, pick if one_row else None)
             out_cache.append(cache[2 * i].index_copy(2, rows, stored(k, cache[2 * i])))
             out_cache.append(cache[2 * i + 1].index_copy(2, rows, stored(v, cache[2 * i + 1])))
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            if one_row:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=pick_bias, enable_gqa=True)
+                h = pick(h, 1)
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             h = h + attn.out(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return h, out_cache
+        return (pick(h, 1) if self.whole_last_layer else h), out_cache
 
 
 class LlamaPrefillBucket(LlamaPrefill):
@@ -291,13 +314,16 @@ class LlamaPrefillBucket(LlamaPrefill):
     Exported with N fixed, so every matmul has a static M (a dynamic M made IREE's CUDA matmuls ~40x
     slower: docs/targets.md). Padding is safe at the end only: attention is causal, so no prompt
     position sees a pad, and the pads' K/V land in cache positions >= length, which decode overwrites
-    (it writes position L - 1 before it reads positions < L) before anything reads them.
+    (it writes position L - 1 before it reads positions < L) before anything reads them. The last
+    layer runs position length - 1 alone past its K/V (LlamaPrefill), its attention masked to the
+    positions before it.
     """
 
     def forward(self, tokens, length, *cache):
-        h, out_cache = self.layers(tokens, cache)
-        last = h.index_select(1, length - 1)
-        logits = head_logits(self.llama, last)
+        n = tokens.shape[1]
+        bias = torch.zeros(n, dtype=self.llama.model.norm.weight.dtype).masked_fill(torch.arange(n) >= length, float("-inf"))
+        h, out_cache = self.layers(tokens, cache, lambda t, dim: t.index_select(dim, length - 1), bias[None, None, None, :])
+        logits = head_logits(self.llama, h)
         return (logits, *out_cache)
 
 
@@ -326,9 +352,12 @@ class LlamaPrefillChunk(nn.Module):
         rows = torch.arange(n - c, n)
         # query i (position n - c + i) sees keys 0..n - c + i: causal, aligned to the cache's end
         keep = (torch.arange(n).unsqueeze(0) <= rows.unsqueeze(1)) & (attention_mask != 0)
+        # the last position sees every key the mask keeps: in the last layer it attends alone (decode_layers),
+        # with decode's additive mask
+        last_bias = torch.zeros(attention_mask.shape, dtype=h.dtype).masked_fill(attention_mask == 0, float("-inf"))
         # decode's layers with C rows (slice_copy: see LlamaDecode); the bool mask [1, 1, C, L] in place of its bias
         logits, out_cache = decode_layers(m, h, cos, sin, keep[None, None], rows, cache,
-                                          lambda t: torch.ops.aten.slice_copy.Tensor(t, 2, 0, n))
+                                          lambda t: torch.ops.aten.slice_copy.Tensor(t, 2, 0, n), last_bias[:, None, None, :])
         return (logits, *out_cache)
 
 
@@ -359,23 +388,30 @@ class LlamaDecode(nn.Module):
         return (logits, *out_cache)
 
 
-def decode_layers(m: "Llama", h, cos, sin, bias, row, cache, visible):
+def decode_layers(m: "Llama", h, cos, sin, bias, row, cache, visible, last_bias=None):
     """New tokens (one for a decode step, C for a prefill chunk) through every layer: K/V written at cache
     rows `row`, attention over `visible(cache)` with the mask `bias` (additive, or bool: True = attend);
-    returns (the last position's logits, the cache). Plain SDPA: GPU targets fuse it; on llvm-cpu the
-    decompose-attention pass writes one-query-row attention as f32 multiply + sum without expanding
-    the cache, and a chunk's bool-masked rows in its "masked" form (passes/decompose_attention.py)."""
+    returns (the last position's logits, the cache). With C > 1 the last layer runs the last position
+    alone past its K/V (as LlamaPrefill), attending with `last_bias` (additive, [1, 1, 1, L]). Plain
+    SDPA: GPU targets fuse it; on llvm-cpu the decompose-attention pass writes one-query-row attention
+    as f32 multiply + sum without expanding the cache, and a chunk's bool-masked rows in its "masked"
+    form (passes/decompose_attention.py)."""
     out_cache = []
+    last = len(m.model.layers) - 1
     for i, layer in enumerate(m.model.layers):
         attn = layer.self_attn
-        q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin)
+        one_row = i == last and h.shape[1] > 1
+        q, k, v = attn.qkv(layer.input_layernorm(h), cos, sin, last_position if one_row else None)
         kc = cache[2 * i].index_copy(2, row, stored(k, cache[2 * i]))
         vc = cache[2 * i + 1].index_copy(2, row, stored(v, cache[2 * i + 1]))
         out_cache += [kc, vc]
-        o = F.scaled_dot_product_attention(q, read(visible(kc), q), read(visible(vc), q), attn_mask=bias, enable_gqa=True)
+        mask = bias
+        if one_row:
+            h, mask = last_position(h, 1), last_bias
+        o = F.scaled_dot_product_attention(q, read(visible(kc), q), read(visible(vc), q), attn_mask=mask, enable_gqa=True)
         h = h + attn.out(o)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return head_logits(m, h if h.shape[1] == 1 else h[:, -1:, :]), out_cache
+    return head_logits(m, h), out_cache
 
 
 class LlamaDecodeStatic(nn.Module):
