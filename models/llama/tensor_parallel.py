@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from llmc.models.llama.config import LlamaConfig
-from llmc.models.llama.model import Attention, Llama, RMSNorm
+from llmc.models.llama.model import Attention, Llama, RMSNorm, last_position
 
 TRANSFER_OP = "llmc::transfer"
 SHARD_PREFIX = "shards."  # parameter names `shards.<d>.<the Llama's own name>`: device d's
@@ -213,22 +213,26 @@ class TensorParallelLlama(nn.Module):
         """The logits slices of every device, concatenated on device 0."""
         return torch.cat([transfer(p, 0) for p in parts], dim=-1)
 
-    def layers(self, hs, cos, sin, cache, write_rows, attend):
+    def layers(self, hs, cos, sin, cache, write_rows, attend, attend_last=None):
         """Run every layer on every device. hs: the residual's replica on each device; cos/sin/
         write_rows: per device; attend(d, q, k, v, kc, vc) -> attention output on device d (k, v: the
         new rows; kc, vc: the cache with them written); cache: flat, in
-        cache_order. Returns (hs, new cache)."""
+        cache_order. attend_last (the same signature): given, the last layer runs the last position
+        alone past its K/V, attending with it (LlamaPrefill's one-row last layer). Returns (hs, new cache)."""
         n, out_cache = self.n, []
         for i in range(self.config.n_layers):
+            one_row = attend_last is not None and i == self.config.n_layers - 1
             parts = []
             for d, shard in enumerate(self.shards):
                 layer = shard.model.layers[i]
-                q, k, v = layer.self_attn.qkv(layer.input_layernorm(hs[d]), cos[d], sin[d])
+                q, k, v = layer.self_attn.qkv(layer.input_layernorm(hs[d]), cos[d], sin[d], last_position if one_row else None)
                 j = 2 * (i * n + d)
                 kc = cache[j].index_copy(2, write_rows[d], k)
                 vc = cache[j + 1].index_copy(2, write_rows[d], v)
                 out_cache += [kc, vc]
-                parts.append(layer.self_attn.out(attend(d, q, k, v, kc, vc)))
+                parts.append(layer.self_attn.out((attend_last if one_row else attend)(d, q, k, v, kc, vc)))
+            if one_row:
+                hs = [last_position(h, 1) for h in hs]
             hs = [h + r for h, r in zip(hs, self.all_reduce(parts))]
             parts = [shard.model.layers[i].mlp(shard.model.layers[i].post_attention_layernorm(hs[d]))
                      for d, shard in enumerate(self.shards)]
@@ -274,8 +278,11 @@ class TensorParallelPrefill(nn.Module):
         def attend(d, q, k, v, kc, vc):  # causal over the prompt's own rows, as LlamaPrefill
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
-        hs, out_cache = tp.layers(hs, cos, sin, cache, rows, attend)
-        logits = tp.gather_logits([shard.logits(hs[d][:, -1:, :]) for d, shard in enumerate(tp.shards)])
+        def attend_last(d, q, k, v, kc, vc):  # the last position's one query row sees every row
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+        hs, out_cache = tp.layers(hs, cos, sin, cache, rows, attend, attend_last)
+        logits = tp.gather_logits([shard.logits(hs[d]) for d, shard in enumerate(tp.shards)])
         return (logits, *out_cache)
 
 
