@@ -199,3 +199,17 @@ def vulkan_or_skip(lock: bool = True):
         if os.environ.get("LLMC_REQUIRE_VULKAN"):
             pytest.fail(f"LLMC_REQUIRE_VULKAN is set but lavapipe is not usable: {why}")
         pytest.skip(f"Mesa lavapipe not available ({why}); apt-get install mesa-vulkan-drivers libvulkan1")
+
+
+def rows_through(modules: dict, run):
+    """(how many rows, dim 1 of its input, each of `modules` {key: nn.Module} saw on each call while `run()`
+    ran, as {key: [rows, ...]}; run's result)."""
+    seen = {key: [] for key in modules}
+    hooks = [m.register_forward_hook(lambda mod, args, out, key=key: seen[key].append(args[0].shape[1]))
+             for key, m in modules.items()]
+    try:
+        result = run()
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen, result

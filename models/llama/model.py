@@ -249,6 +249,11 @@ def head_logits(m: "Llama", h):
     return m.lm_head(m.model.norm(h)).float()
 
 
+def additive_mask(masked, dtype):
+    """An attention bias of `masked`'s shape: 0 where a key is seen, -inf where `masked` is True."""
+    return torch.zeros(masked.shape, dtype=dtype).masked_fill(masked, float("-inf"))
+
+
 def last_position(t, dim):
     """The last position of `t` along `dim`, kept as a length-1 dim."""
     return t.narrow(dim, t.shape[dim] - 1, 1)
@@ -321,7 +326,7 @@ class LlamaPrefillBucket(LlamaPrefill):
 
     def forward(self, tokens, length, *cache):
         n = tokens.shape[1]
-        bias = torch.zeros(n, dtype=self.llama.model.norm.weight.dtype).masked_fill(torch.arange(n) >= length, float("-inf"))
+        bias = additive_mask(torch.arange(n) >= length, self.llama.model.norm.weight.dtype)
         h, out_cache = self.layers(tokens, cache, lambda t, dim: t.index_select(dim, length - 1), bias[None, None, None, :])
         logits = head_logits(self.llama, h)
         return (logits, *out_cache)
@@ -354,7 +359,7 @@ class LlamaPrefillChunk(nn.Module):
         keep = (torch.arange(n).unsqueeze(0) <= rows.unsqueeze(1)) & (attention_mask != 0)
         # the last position sees every key the mask keeps: in the last layer it attends alone (decode_layers),
         # with decode's additive mask
-        last_bias = torch.zeros(attention_mask.shape, dtype=h.dtype).masked_fill(attention_mask == 0, float("-inf"))
+        last_bias = additive_mask(attention_mask == 0, h.dtype)
         # decode's layers with C rows (slice_copy: see LlamaDecode); the bool mask [1, 1, C, L] in place of its bias
         logits, out_cache = decode_layers(m, h, cos, sin, keep[None, None], rows, cache,
                                           lambda t: torch.ops.aten.slice_copy.Tensor(t, 2, 0, n), last_bias[:, None, None, :])
@@ -378,7 +383,7 @@ class LlamaDecode(nn.Module):
         n = attention_mask.shape[1]
         h = m.embed(token)
         cos, sin = m.rope(n - 1, n, h.dtype)
-        bias = torch.zeros(attention_mask.shape, dtype=h.dtype).masked_fill(attention_mask == 0, float("-inf"))
+        bias = additive_mask(attention_mask == 0, h.dtype)
         bias = bias[:, None, None, :]
         row = torch.arange(n - 1, n)
         # slice_copy, not kc[:, :, :n]: a plain slice makes torch.export guard n != max_seq_len (it
@@ -436,6 +441,6 @@ class LlamaDecodeStatic(nn.Module):
         cos = m.rope_cos.index_select(0, position).to(h.dtype)
         sin = m.rope_sin.index_select(0, position).to(h.dtype)
         rows = torch.arange(cache[0].shape[2])
-        bias = torch.zeros(rows.shape, dtype=h.dtype).masked_fill(rows > position, float("-inf"))[None, None, None, :]
+        bias = additive_mask(rows > position, h.dtype)[None, None, None, :]
         logits, out_cache = decode_layers(m, h, cos, sin, bias, position, cache, lambda c: c)
         return (logits, *out_cache)

@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from llmc.models.llama.config import LlamaConfig
-from llmc.models.llama.model import Attention, Llama, RMSNorm, last_position
+from llmc.models.llama.model import Attention, Llama, RMSNorm, additive_mask, last_position
 
 TRANSFER_OP = "llmc::transfer"
 SHARD_PREFIX = "shards."  # parameter names `shards.<d>.<the Llama's own name>`: device d's
@@ -299,7 +299,7 @@ class TensorParallelDecode(nn.Module):
         n = attention_mask.shape[1]
         hs = tp.embed(token)
         cos, sin = tp.rope(n - 1, n)
-        bias = torch.zeros(attention_mask.shape, dtype=tp.dtype).masked_fill(attention_mask == 0, float("-inf"))
+        bias = additive_mask(attention_mask == 0, tp.dtype)
         biases = tp.to_all(bias[:, None, None, :])
         rows = tp.to_all(torch.arange(n - 1, n))
 

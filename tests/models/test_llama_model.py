@@ -100,48 +100,37 @@ def test_tied_embeddings_share_one_tensor():
     assert rebuilt.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
-def _rows_through(module, run):
-    """Row counts (dim 1 of its input) of every call of `module` while `run()` runs."""
-    seen = []
-    handle = module.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[1]))
-    try:
-        run()
-    finally:
-        handle.remove()
-    return seen
-
-
 @pytest.mark.parametrize("name", ["tiny", "tiny-llama3"])
 def test_prefill_runs_the_last_layer_for_the_read_position_only(name):
     """Prefill, bucket and chunk give the logits and the cache of a standard forward (whole_last_layer), while the
-    last layer's query and MLP see one row (the earlier layers' see every row); f32, within 1e-5 of the largest logit."""
+    last layer's query and MLP see one row (its K/V and the earlier layers every row); f32, within 1e-5 of the
+    largest logit."""
     from llmc.models.llama.model import LlamaPrefillBucket, LlamaPrefillChunk
+    from tests.conftest import rows_through
 
     config = get_config(name)
     model = init_random(config, seed=7, rope_positions=64)
     ids = torch.randint(0, config.vocab_size, (1, 30), generator=torch.Generator().manual_seed(2))
     last, first = model.model.layers[-1], model.model.layers[0]
+    watched = {"last mlp": last.mlp, "last q": last.self_attn.q_proj, "last k": last.self_attn.k_proj, "first mlp": first.mlp}
     with torch.no_grad():
         whole = LlamaPrefill(model, whole_last_layer=True)(ids[:, :21], *new_cache(config, 64))
-        got = {}
+        before_chunk = LlamaPrefill(model)(ids[:, :13], *new_cache(config, 64))[1:]
         runs = {
-            "prefill": lambda: got.__setitem__("prefill", LlamaPrefill(model)(ids[:, :21], *new_cache(config, 64))),
+            "prefill": lambda: LlamaPrefill(model)(ids[:, :21], *new_cache(config, 64)),
             # 21 prompt tokens padded to 30: the read position is length - 1 = 20, not the last row
-            "bucket": lambda: got.__setitem__("bucket", LlamaPrefillBucket(model)(
-                torch.cat([ids[:, :21], torch.zeros(1, 9, dtype=torch.int64)], 1), torch.tensor([21]), *new_cache(config, 64))),
+            "bucket": lambda: LlamaPrefillBucket(model)(torch.cat([ids[:, :21], torch.zeros(1, 9, dtype=torch.int64)], 1),
+                                                        torch.tensor([21]), *new_cache(config, 64)),
             # positions 13..20 after a prefill of 13
-            "chunk": lambda: got.__setitem__("chunk", LlamaPrefillChunk(model)(
-                ids[:, 13:21], torch.ones(1, 21, dtype=torch.int64), *LlamaPrefill(model)(ids[:, :13], *new_cache(config, 64))[1:])),
+            "chunk": lambda: LlamaPrefillChunk(model)(ids[:, 13:21], torch.ones(1, 21, dtype=torch.int64), *before_chunk),
         }
         for form, run in runs.items():
-            assert _rows_through(last.mlp, run)[-1] == 1, form
-            assert _rows_through(last.self_attn.q_proj, run)[-1] == 1, form
-            assert _rows_through(last.self_attn.k_proj, run)[-1] > 1, form  # K/V of every row: the cache needs them
-            assert _rows_through(first.mlp, run)[-1] > 1, form
-            out = got[form]
+            rows, out = rows_through(watched, run)
+            assert rows["last mlp"] == [1] and rows["last q"] == [1], (form, rows)
+            assert rows["last k"][0] > 1 and rows["first mlp"][0] > 1, (form, rows)  # K/V of every row: the cache needs them
             assert out[0].shape == whole[0].shape and _rel(out[0], whole[0]) <= 1e-5, form
             for a, b in zip(out[1:], whole[1:]):
                 torch.testing.assert_close(a[:, :, :21], b[:, :, :21], rtol=1e-5, atol=1e-6)
-    # the whole form really runs the last layer over every row (what the benchmarks time as eager)
-    rows = _rows_through(last.mlp, lambda: LlamaPrefill(model, whole_last_layer=True)(ids[:, :21], *new_cache(config, 64)))
-    assert rows == [21]
+        # the whole form really runs the last layer over every row (what the benchmarks time as eager)
+        rows, _ = rows_through(watched, lambda: LlamaPrefill(model, whole_last_layer=True)(ids[:, :21], *new_cache(config, 64)))
+    assert rows["last mlp"] == [21]

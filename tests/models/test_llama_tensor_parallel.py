@@ -82,19 +82,17 @@ def test_a_device_count_that_does_not_divide_the_model_is_refused(n, message):
 def test_prefill_runs_the_last_layer_for_the_last_position_only():
     """As LlamaPrefill: every device's last layer makes K/V of every row but its query and MLP for the
     last position alone (the earlier layers' MLP sees every row); the logits match (the test above)."""
+    from tests.conftest import rows_through
+
     config = CONFIGS["tiny"]
     tp = tpm.TensorParallelLlama(init_random(config, seed=3, rope_positions=MAX), 2)
-    seen = {}
-    hooks = [m.register_forward_hook(lambda mod, args, out, key=key: seen.setdefault(key, []).append(args[0].shape[1]))
-             for d, shard in enumerate(tp.shards)
-             for key, m in ((("last mlp", d), shard.model.layers[-1].mlp), (("last q", d), shard.model.layers[-1].self_attn.q_proj),
-                            (("last k", d), shard.model.layers[-1].self_attn.k_proj), (("first mlp", d), shard.model.layers[0].mlp))]
-    try:
-        with torch.no_grad():
-            tpm.TensorParallelPrefill(tp)(torch.arange(1, 8)[None], *tpm.new_cache(config, 2, MAX))
-    finally:
-        for h in hooks:
-            h.remove()
+    watched = {}
+    for d, shard in enumerate(tp.shards):
+        last, first = shard.model.layers[-1], shard.model.layers[0]
+        watched |= {("last mlp", d): last.mlp, ("last q", d): last.self_attn.q_proj,
+                    ("last k", d): last.self_attn.k_proj, ("first mlp", d): first.mlp}
+    with torch.no_grad():
+        rows, _ = rows_through(watched, lambda: tpm.TensorParallelPrefill(tp)(torch.arange(1, 8)[None], *tpm.new_cache(config, 2, MAX)))
     for d in range(2):
-        assert seen[("last mlp", d)] == [1] and seen[("last q", d)] == [1], seen
-        assert seen[("last k", d)] == [7] and seen[("first mlp", d)] == [7], seen
+        assert rows[("last mlp", d)] == [1] and rows[("last q", d)] == [1], rows
+        assert rows[("last k", d)] == [7] and rows[("first mlp", d)] == [7], rows
