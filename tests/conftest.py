@@ -213,3 +213,26 @@ def rows_through(modules: dict, run):
         for h in hooks:
             h.remove()
     return seen, result
+
+
+def attention_calls(run):
+    """(each F.scaled_dot_product_attention call made while `run()` ran, as (query rows, has a mask, causal);
+    run's result). A one-query-row attention without a mask, causal or not, is the form IREE 3.13's GPU
+    pipelines take minutes to compile (models/llama/model.py last_row_bias)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    calls = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.scaled_dot_product_attention:
+                mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+                calls.append((args[0].shape[-2], mask is not None, bool(kwargs.get("is_causal", False))))
+            return func(*args, **kwargs)
+
+    with Record(), torch.no_grad():
+        result = run()
+    return calls, result

@@ -254,6 +254,17 @@ def additive_mask(masked, dtype):
     return torch.zeros(masked.shape, dtype=dtype).masked_fill(masked, float("-inf"))
 
 
+def last_row_bias(s, dtype):
+    """The attention bias [1, 1, 1, s] of a prefill's last position: all zeros (it sees every key).
+
+    Given rather than no mask: IREE 3.13's GPU pipelines pad a one-query-row attention whose key
+    length is dynamic, cannot without a mask ("Padding OnlineAttention without existing mask is not
+    yet supported") and fall back to a form whose codegen took 261 s of a 275 s tiny-Llama build for
+    hip gfx1201 (8 s with this mask; this project's EPYC). Built from the length (positions past
+    s - 1), not from a constant, so no folding takes it away again."""
+    return additive_mask(torch.arange(s) > s - 1, dtype)[None, None, None, :]
+
+
 def last_position(t, dim):
     """The last position of `t` along `dim`, kept as a length-1 dim."""
     return t.narrow(dim, t.shape[dim] - 1, 1)
@@ -279,14 +290,15 @@ class LlamaPrefill(nn.Module):
         self.whole_last_layer = whole_last_layer
 
     def forward(self, tokens, *cache):
-        h, out_cache = self.layers(tokens, cache, last_position, None)
+        bias = last_row_bias(tokens.shape[1], self.llama.model.norm.weight.dtype)
+        h, out_cache = self.layers(tokens, cache, last_position, bias)
         logits = head_logits(self.llama, h)
         return (logits, *out_cache)
 
     def layers(self, tokens, cache, pick, pick_bias):
         """The hidden state after the last layer of the one position `pick(t, dim)` selects, and the cache
         with every position's K/V written. `pick_bias`: the additive mask [1, 1, 1, S] of that position's
-        attention in the last layer (None: it sees every position, as the last one does causally)."""
+        attention in the last layer."""
         m = self.llama
         s = tokens.shape[1]
         h = m.embed(tokens)

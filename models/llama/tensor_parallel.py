@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from llmc.models.llama.config import LlamaConfig
-from llmc.models.llama.model import Attention, Llama, RMSNorm, additive_mask, last_position
+from llmc.models.llama.model import Attention, Llama, RMSNorm, additive_mask, last_position, last_row_bias
 
 TRANSFER_OP = "llmc::transfer"
 SHARD_PREFIX = "shards."  # parameter names `shards.<d>.<the Llama's own name>`: device d's
@@ -278,8 +278,10 @@ class TensorParallelPrefill(nn.Module):
         def attend(d, q, k, v, kc, vc):  # causal over the prompt's own rows, as LlamaPrefill
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
+        last_biases = tp.to_all(last_row_bias(s, tp.dtype))  # all zeros: model.py last_row_bias says why
+
         def attend_last(d, q, k, v, kc, vc):  # the last position's one query row sees every row
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=last_biases[d], enable_gqa=True)
 
         hs, out_cache = tp.layers(hs, cos, sin, cache, rows, attend, attend_last)
         logits = tp.gather_logits([shard.logits(hs[d]) for d, shard in enumerate(tp.shards)])
