@@ -99,10 +99,38 @@ def pytest_runtest_protocol(item, nextitem):
     try:
         yield
     finally:
+        _release_vulkan_devices()
         _LOCK["lazy"] = False
         if _LOCK["mode"] is not None:
             fcntl.flock(_LOCK["fd"], fcntl.LOCK_UN)
             _LOCK["mode"] = None
+
+
+# ---- Vulkan devices let go after every test ----
+# An open lavapipe device keeps two threads of IREE's runtime spinning inside lavapipe (clock_gettime in
+# a loop; gdb on a worker) for as long as the device lives, idle or not: one Python process that had run
+# one call burnt 1.05-1.09 s of CPU per 3 s asleep, 0.0 once the device was gone. IREE caches each
+# device for the process (iree.runtime.system_setup) and so did the tests' workers, so from its first
+# Vulkan test on a worker kept both of CI's two cores half busy for the rest of the suite. After each
+# test the cached Vulkan devices are dropped; the device ends when the last module on it does (a
+# module-scoped fixture's, at the end of its file).
+def _release_vulkan_devices() -> None:
+    import gc
+    import sys
+
+    setup = sys.modules.get("iree.runtime.system_setup")
+    if setup is None:
+        return
+    cached = [uri for uri in setup._GLOBAL_DEVICES_BY_URI if uri.startswith("vulkan")]
+    device = sys.modules.get("llmc.runtime.device")
+    replaced = [n for n in getattr(device, "_REPLACEMENTS", {}) if n.startswith("vulkan")]
+    if not cached and not replaced:
+        return
+    for uri in cached:
+        del setup._GLOBAL_DEVICES_BY_URI[uri]
+    for name in replaced:
+        del device._REPLACEMENTS[name]
+    gc.collect()
 
 
 # ---- Test times as they finish (LLMC_TEST_TIMES=FILE) ----
