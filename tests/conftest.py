@@ -110,8 +110,8 @@ def pytest_runtest_protocol(item, nextitem):
 # An open lavapipe device keeps two threads of IREE's runtime spinning inside lavapipe (clock_gettime in
 # a loop; gdb on a worker) for as long as the device lives, idle or not: one Python process that had run
 # one call burnt 1.05-1.09 s of CPU per 3 s asleep, 0.0 once the device was gone. IREE caches each
-# device for the process (iree.runtime.system_setup) and so did the tests' workers, so from its first
-# Vulkan test on a worker kept both of CI's two cores half busy for the rest of the suite. After each
+# device for the process (iree.runtime.system_setup), so each worker's first Vulkan test left CI's two
+# cores half busy for the rest of the suite (docs/targets.md, "Running"). After each
 # test the cached Vulkan devices are dropped; the device ends when the last module on it does (a
 # module-scoped fixture's, at the end of its file).
 def _release_vulkan_devices() -> None:
