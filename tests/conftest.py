@@ -121,13 +121,14 @@ def _release_vulkan_devices() -> None:
     setup = sys.modules.get("iree.runtime.system_setup")
     if setup is None:
         return
-    cached = [uri for uri in setup._GLOBAL_DEVICES_BY_URI if uri.startswith("vulkan")]
+    devices = getattr(setup, "_GLOBAL_DEVICES_BY_URI", {})  # iree.runtime's private cache: absent in another version
+    cached = [uri for uri in devices if uri.startswith("vulkan")]
     device = sys.modules.get("llmc.runtime.device")
     replaced = [n for n in getattr(device, "_REPLACEMENTS", {}) if n.startswith("vulkan")]
     if not cached and not replaced:
         return
     for uri in cached:
-        del setup._GLOBAL_DEVICES_BY_URI[uri]
+        del devices[uri]
     for name in replaced:
         del device._REPLACEMENTS[name]
     gc.collect()

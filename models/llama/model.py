@@ -369,12 +369,9 @@ class LlamaPrefillChunk(nn.Module):
         rows = torch.arange(n - c, n)
         # query i (position n - c + i) sees keys 0..n - c + i: causal, aligned to the cache's end
         keep = (torch.arange(n).unsqueeze(0) <= rows.unsqueeze(1)) & (attention_mask != 0)
-        # the last position sees every key the mask keeps: in the last layer it attends alone (decode_layers),
-        # with decode's additive mask
-        last_bias = additive_mask(attention_mask == 0, h.dtype)
         # decode's layers with C rows (slice_copy: see LlamaDecode); the bool mask [1, 1, C, L] in place of its bias
         logits, out_cache = decode_layers(m, h, cos, sin, keep[None, None], rows, cache,
-                                          lambda t: torch.ops.aten.slice_copy.Tensor(t, 2, 0, n), last_bias[:, None, None, :])
+                                          lambda t: torch.ops.aten.slice_copy.Tensor(t, 2, 0, n))
         return (logits, *out_cache)
 
 
@@ -405,11 +402,13 @@ class LlamaDecode(nn.Module):
         return (logits, *out_cache)
 
 
-def decode_layers(m: "Llama", h, cos, sin, bias, row, cache, visible, last_bias=None):
+def decode_layers(m: "Llama", h, cos, sin, bias, row, cache, visible):
     """New tokens (one for a decode step, C for a prefill chunk) through every layer: K/V written at cache
     rows `row`, attention over `visible(cache)` with the mask `bias` (additive, or bool: True = attend);
     returns (the last position's logits, the cache). With C > 1 the last layer runs the last position
-    alone past its K/V (as LlamaPrefill), attending with `last_bias` (additive, [1, 1, 1, L]). Plain
+    alone past its K/V (as LlamaPrefill), attending with bias's last row in decode's additive form
+    ([1, 1, 1, L]: the cpu decode attention kernel takes it; and never without a mask, model.py
+    last_row_bias says why). Plain
     SDPA: GPU targets fuse it; on llvm-cpu the decompose-attention pass writes one-query-row attention
     as f32 multiply + sum without expanding the cache, and a chunk's bool-masked rows in its "masked"
     form (passes/decompose_attention.py)."""
@@ -424,7 +423,9 @@ def decode_layers(m: "Llama", h, cos, sin, bias, row, cache, visible, last_bias=
         out_cache += [kc, vc]
         mask = bias
         if one_row:
-            h, mask = last_position(h, 1), last_bias
+            h, mask = last_position(h, 1), last_position(bias, 2)
+            if mask.dtype == torch.bool:
+                mask = additive_mask(~mask, h.dtype)
         o = F.scaled_dot_product_attention(q, read(visible(kc), q), read(visible(vc), q), attn_mask=mask, enable_gqa=True)
         h = h + attn.out(o)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
