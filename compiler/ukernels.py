@@ -22,7 +22,7 @@ this module turns each into an IREE dispatch of that C function:
 Why: IREE 3.13's vectorized loop reads one group of channels at a time with no software prefetch,
 and is bound by how far its loads run ahead of its arithmetic; the C loop reads a workgroup's groups
 one after the other as one sequential stream (bf16 and int8 groups of 64 KiB or more 2 and 4 side by
-side; int8's and fp8's with a prefetch ahead), fp8 (32 channels a group) decodes
+side, bf16's every group on Zen 3: BF16_PAIR_MIN_K_BY_CPU; int8's and fp8's with a prefetch ahead), fp8 (32 channels a group) decodes
 32 codes from one load without a shuffle, and a K step of a bf16 group (32 channels) is one cache
 line. Measured in docs/targets.md ("cpu matvec kernels").
 
@@ -65,6 +65,13 @@ GEMM_KINDS = tuple(GEMM_LAYOUTS)
 # threads: 24, 128, 512 KiB -> 6.2, 5.5-5.7, 6.0 ms a step; the same at 1 thread (docs/targets.md).
 BYTES_PER_WORKGROUP = 128 * 1024
 MIN_WORKGROUPS = 16
+# bf16 one-row products: groups of K >= this are read two side by side, smaller ones one after the other
+# (the C function's `pair_min_k`). Which is faster depends on the core: on Zen 4 one stream (small-125m
+# bf16 decode 108.2 -> 124.4 tok/s; at K = 2048 a C harness read two streams 5-8% faster, hence 1024);
+# on Zen 3 two streams at every K (44.0 -> 48.9 tok/s at 1 thread, 71.7 -> 76.8 at 2). A CPU not listed
+# (generic x86-64-v3/v4 included) gets the default; a module for several CPUs gets it unless all agree.
+BF16_PAIR_MIN_K = 1024
+BF16_PAIR_MIN_K_BY_CPU = {"znver3": 0}
 EXECUTABLE = "__llmc_kernels"
 DECL_PREFIX = "__llmc_matvec_"
 GEMM_DECL_PREFIX = "__llmc_gemm_"
@@ -329,15 +336,28 @@ def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
     return -(-per // step) * step
 
 
-def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int | str | None = None) -> str:
+def bf16_pair_min_k(cpus) -> int:
+    """The bf16 matvec's `pair_min_k` for a module built for `cpus` (LLVM CPU names, `host` resolved)."""
+    chosen = {BF16_PAIR_MIN_K_BY_CPU.get(cpu, BF16_PAIR_MIN_K) for cpu in cpus}
+    return chosen.pop() if len(chosen) == 1 else BF16_PAIR_MIN_K
+
+
+def _matvec_extra(kind: str) -> list[str]:
+    """Index operands a matvec kind's C function takes after (k, groups, per_wg, wg)."""
+    return ["%pairk"] if kind == "bf16" else []
+
+
+def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int | str | None = None,
+                pair_min_k: int = BF16_PAIR_MIN_K) -> str:
     """The body of a declared kernel function: a flow.dispatch of @matvec_<kind> (m None: x [1, K]) or
-    @gemm_<kind> (x [m, K], m passed to the C function too; m "D": the row count is x's dynamic dim)."""
+    @gemm_<kind> (x [m, K], m passed to the C function too; m "D": the row count is x's dynamic dim).
+    pair_min_k: the bf16 matvec's threshold for reading two groups side by side (bf16_pair_min_k)."""
     elem, group = (KINDS if m is None else GEMM_LAYOUTS)[kind]
     rows = 1 if m is None else "?" if m == "D" else m
     dims = "{%m}" if m == "D" else ""  # a dynamic tensor's size operand in flow.dispatch's type list
     tx, tp, ty = f"tensor<{rows}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{rows}x{groups * group}xf32>"
     per = groups_per_workgroup(kind, groups, k) if m is None else gemm_groups_per_workgroup(kind, groups)
-    op, sizes = ("matvec", ["%k", "%g", "%per"]) if m is None else ("gemm", ["%m", "%k", "%g", "%per"])
+    op, sizes = ("matvec", ["%k", "%g", "%per", *_matvec_extra(kind)]) if m is None else ("gemm", ["%m", "%k", "%g", "%per"])
     row_count = ([] if m is None else
                  ["  %c0 = arith.constant 0 : index", f"  %m = tensor.dim %x, %c0 : {tx}"] if m == "D" else
                  [f"  %m = arith.constant {m} : index"])
@@ -347,6 +367,7 @@ def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int |
         f"  %k = arith.constant {k} : index",
         f"  %g = arith.constant {groups} : index",
         f"  %per = arith.constant {per} : index",
+        *([f"  %pairk = arith.constant {pair_min_k} : index"] if "%pairk" in sizes else []),
         f"  %y = flow.dispatch @{EXECUTABLE}::@{op}_{kind}[%g, %per](%x, %p, {', '.join(sizes)}) : "
         f"({tx}{dims}, {tp}, {', '.join(['index'] * len(sizes))}) -> {ty}{dims}",
         f"  return %y : {ty}",
@@ -458,10 +479,13 @@ def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attenti
         funcs.append(func)
     for kind in kinds:
         elem, group = KINDS[kind]
+        extra = _matvec_extra(kind)
+        idx = ", index" * len(extra)
+        args, params = "".join(f", {a}" for a in extra), "".join(f", {a}: index" for a in extra)
         exports.append(_export(f"matvec_{kind}"))
         funcs.append(f"""\
-    func.func private @llmc_matvec_{kind}(memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index) attributes {{hal.import.static}}
-    func.func @matvec_{kind}(%bx: !stream.binding, %bp: !stream.binding, %by: !stream.binding, %k: index, %g: index, %per: index) {{
+    func.func private @llmc_matvec_{kind}(memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index{idx}) attributes {{hal.import.static}}
+    func.func @matvec_{kind}(%bx: !stream.binding, %bp: !stream.binding, %by: !stream.binding, %k: index, %g: index, %per: index{params}) {{
       %c0 = arith.constant 0 : index
       %wg = stream.dispatch.workgroup.id[0] : index
       %np = affine.apply affine_map<()[s0, s1] -> (s0 * s1 * {group})>()[%g, %k]
@@ -469,7 +493,7 @@ def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attenti
       %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?xf32>{{%k}}
       %p = stream.binding.subspan %bp[%c0] : !stream.binding -> memref<?x{elem}>{{%np}}
       %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{{%ny}}
-      func.call @llmc_matvec_{kind}(%x, %p, %y, %k, %g, %per, %wg) : (memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index) -> ()
+      func.call @llmc_matvec_{kind}(%x, %p, %y, %k, %g, %per, %wg{args}) : (memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index{idx}) -> ()
       return
     }}""")
     target = '#hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {}>'
@@ -486,9 +510,11 @@ def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attenti
     ])
 
 
-def link(mlir: str) -> str:
+def link(mlir: str, cpus=()) -> str:
     """`mlir` with each kernel declaration given its dispatch body and the executable added; the
-    text unchanged when it declares none."""
+    text unchanged when it declares none. cpus: the LLVM CPU names the module is built for (`host`
+    resolved), or a function returning them, asked only where a bf16 one-row product needs its stream
+    count (bf16_pair_min_k); none: the default."""
     found = list(_DECL.finditer(mlir))
     found_gemm = list(_GEMM_DECL.finditer(mlir))
     found_attn = list(_ATTN_DECL.finditer(mlir))
@@ -496,7 +522,11 @@ def link(mlir: str) -> str:
         return mlir
     mlir = _ATTN_DECL.sub(lambda m: _attention_definition(m.group(1), m.group(2), *(int(m.group(i)) for i in range(4, 8)),
                                                           int(m.group(8)) if m.group(8) else None, m.group(3) or "f32"), mlir)
-    out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5))), mlir)
+    pair_min_k = BF16_PAIR_MIN_K
+    if any(m.group(3) == "bf16" for m in found):
+        pair_min_k = bf16_pair_min_k(tuple(cpus() if callable(cpus) else cpus))
+    out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5)),
+                                          pair_min_k=pair_min_k), mlir)
     out = _GEMM_DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(5)), int(m.group(6)),
                                                m="D" if m.group(4) == "D" else int(m.group(4))), out)
     end = out.rstrip().rfind("}")  # the module's own closing brace: the executable goes inside it

@@ -11,7 +11,8 @@
  * prefetch, and that loop is bound by how far its loads run ahead of its arithmetic (docs/targets.md,
  * "cpu matvec kernels"). Here a workgroup's groups of channels are read one after the other, one
  * sequential stream (faster than several side by side on one Zen 4 core), except groups of 64 KiB or
- * more of bf16 (2 side by side) and int8 (4); int8's and fp8's loops prefetch ahead. A workgroup
+ * more of bf16 (2 side by side; on Zen 3 every bf16 group: the caller's `pair_min_k`) and int8 (4);
+ * int8's and fp8's loops prefetch ahead. A workgroup
  * computes `per_wg` groups (the caller sizes it: compiler/ukernels.py).
  *
  * Values: each weight decodes exactly as the graph's own decode does (the caller's scale and its
@@ -190,9 +191,12 @@ static inline void fp8_groups(const float *restrict x, const int8_t *restrict p,
  * alone, one after the other, so the workgroup's weights are one sequential stream. small-125m bf16
  * decode (K = 768 except the down projection) at 1 thread, both forms alternating in one process:
  * 108.2 -> 124.4 and 95.7 -> 107.8 tok/s; reading the K = 2048 products alone as well made no further
- * difference there (121.3), and in a C harness two streams read K = 2048 groups 5-8% faster. */
-
-#define BF16_PAIR_MIN_K 1024
+ * difference there (121.3), and in a C harness two streams read K = 2048 groups 5-8% faster.
+ * That threshold is the caller's (`pair_min_k`, compiler/ukernels.py `bf16_pair_min_k`), since the
+ * better stream count depends on the core: on Zen 3 (znver3) two groups side by side at every K read
+ * 0.95 of a plain read's rate in a C harness where one stream read 0.80, and small-125m bf16 decode
+ * ran 44.0 -> 48.9 tok/s at 1 thread with pairs everywhere (pair_min_k 0); on Zen 4 one stream read
+ * 0.95 and two 0.80. */
 
 static inline void bf16_fma(const uint16_t *p, __m256 x, __m256 a[4]) {
   for (int j = 0; j < 4; j++) a[j] = _mm256_fmadd_ps(dec_bf16(p + 8 * j), x, a[j]);
@@ -203,9 +207,9 @@ static inline void bf16_store(float *y, const __m256 a[4], const __m256 c[4]) {
 }
 
 static inline void bf16_groups(const float *restrict x, const uint16_t *restrict p, float *restrict y, size_t k,
-                               size_t first, size_t count) {
+                               size_t first, size_t count, size_t pair_min_k) {
   size_t b = first, end = first + count;
-  for (; k >= BF16_PAIR_MIN_K && b + 2 <= end; b += 2) { /* two streams, no software prefetch (above) */
+  for (; k >= pair_min_k && b + 2 <= end; b += 2) { /* two streams, no software prefetch (above) */
     const uint16_t *p0 = p + b * k * 32, *p1 = p0 + k * 32;
     __m256 a0[4], c0[4], a1[4], c1[4];
     for (int j = 0; j < 4; j++) a0[j] = c0[j] = a1[j] = c1[j] = _mm256_setzero_ps();
@@ -402,11 +406,12 @@ void llmc_matvec_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(fl
   int8_groups(DATA(x), DATA(p), DATA(y), k, first, count);
 }
 
+/* pair_min_k: groups of K >= pair_min_k are read two side by side, smaller ones one after the other (above) */
 void llmc_matvec_bf16(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(float, y), size_t k, size_t groups,
-                      size_t per_wg, size_t wg) {
+                      size_t per_wg, size_t wg, size_t pair_min_k) {
   size_t first, count;
   span(groups, per_wg, wg, &first, &count);
-  bf16_groups(DATA(x), DATA(p), DATA(y), k, first, count);
+  bf16_groups(DATA(x), DATA(p), DATA(y), k, first, count, pair_min_k);
 }
 
 /* llmc_gemm_<KIND>(x, p, y, m, k, groups, per_wg, wg): the workgroup's groups of G channels, every row */
