@@ -13,6 +13,10 @@ config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".mlir", ".py"]
 config.excludes = ["lit.cfg.py", "conftest.py", "Inputs", "__pycache__"] + [f for f in os.listdir(os.path.dirname(__file__)) if f.startswith("test_")]
 config.test_source_root = os.path.dirname(__file__)
+# Where RUN lines' %t files go: test_lit.py gives each pytest run its own folder, so two runs at once (xdist
+# workers that each run this module) do not write the same Output/ files; lit's default otherwise.
+if os.environ.get("LLMC_LIT_EXEC_ROOT"):
+    config.test_exec_root = os.environ["LLMC_LIT_EXEC_ROOT"]
 forkserver = os.environ.get("LLMC_LIT_FORKSERVER")  # set by test_lit.py: see tests/forkserver.py
 if forkserver:
     # Each `%python` / `llmc-opt` RUN command becomes a fork of one warm Python (torch imported once),

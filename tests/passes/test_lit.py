@@ -47,13 +47,15 @@ def forkserver(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def lit_results(forkserver) -> dict[str, tuple[str, str]]:
+def lit_results(forkserver, tmp_path_factory) -> dict[str, tuple[str, str]]:
     """One lit run over every file, two at a time, its `%python` and `llmc-opt` commands forked from one
     warm Python (tests/forkserver.py: ~0.2-0.6 s a command instead of ~7 s, most of it the first import
     of torch and the first torch.export in a process): file -> (result code, lit's output for it when
     it failed)."""
     lit = Path(sys.executable).parent / "lit"
-    env = {**os.environ, "LLMC_LIT_FORKSERVER": str(forkserver)}
+    # its own output folder (lit.cfg.py): with xdist's default distribution both workers run this fixture,
+    # and in one shared tests/passes/Output they overwrote each other's %t files (an empty .stats file)
+    env = {**os.environ, "LLMC_LIT_FORKSERVER": str(forkserver), "LLMC_LIT_EXEC_ROOT": str(tmp_path_factory.mktemp("lit-out"))}
     proc = subprocess.run([str(lit), "-v", "-j", "2", str(HERE)], capture_output=True, text=True, timeout=1800, env=env)
     out = proc.stdout
     results = {m.group(2): (m.group(1), "") for m in re.finditer(r"^([A-Z]+): llmc-passes :: (\S+) \(", out, re.M)}
