@@ -243,8 +243,7 @@ def lower_module(
         if target.module_target:
             _write_device_targets(module, target.module_target)
         mlir = str(module)
-        # the CPUs by their resolved names (`host` is this machine's): the bf16 matvec's stream count
-        linked = ukernels.link(mlir, cpus=lambda: tuple(targets.llvm_cpu_features(c)[0] or c for c in target.cpus))
+        linked = ukernels.link(mlir, arch=target.arch if target.cpus else None)  # cpus: llvm-cpu only
         if dump is not None and linked is not mlir:
             dump("cpu-kernels", lambda: linked)  # the text iree-compile gets: the kernels' dispatches and executable
         mlir = linked

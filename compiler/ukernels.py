@@ -13,7 +13,7 @@ this module turns each into an IREE dispatch of that C function:
   1. `lower_calls(module)` (at import, before torch-mlir's backend pipeline, which refuses any
      `torch.operator`): each op becomes `torch_c.to_builtin_tensor` + a call of a private function
      `@__llmc_matvec_<kind>_<G>x<K>` (declared only) + `torch_c.from_builtin_tensor`.
-  2. `link(mlir_text)` (on the text iree-compile gets): each such declaration gets its body, a
+  2. `link(mlir_text, arch)` (on the text iree-compile gets): each such declaration gets its body, a
      `flow.dispatch` of the export `@__llmc_kernels::@matvec_<kind>`, and the module gets that
      `stream.executable`: one export per kind whose function calls the C function
      (`hal.import.static`), the object file named in `hal.executable.objects` (by its path in the
@@ -336,9 +336,15 @@ def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
     return -(-per // step) * step
 
 
-def bf16_pair_min_k(cpus) -> int:
-    """The bf16 matvec's `pair_min_k` for a module built for `cpus` (LLVM CPU names, `host` resolved)."""
-    chosen = {BF16_PAIR_MIN_K_BY_CPU.get(cpu, BF16_PAIR_MIN_K) for cpu in cpus}
+def bf16_pair_min_k(arch: str | None) -> int:
+    """The bf16 matvec's `pair_min_k` for a module built for llvm-cpu `--arch arch`: its CPUs by the names
+    LLVM resolves them to (`host` is this machine's), as iree-compile reports them; None: the default."""
+    if not arch:
+        return BF16_PAIR_MIN_K
+    from llmc.compiler import targets
+
+    chosen = {BF16_PAIR_MIN_K_BY_CPU.get(targets.llvm_cpu_features(cpu)[0] or cpu, BF16_PAIR_MIN_K)
+              for cpu in targets.cpu_variants(arch)}
     return chosen.pop() if len(chosen) == 1 else BF16_PAIR_MIN_K
 
 
@@ -510,11 +516,10 @@ def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attenti
     ])
 
 
-def link(mlir: str, cpus=()) -> str:
+def link(mlir: str, arch: str | None = None) -> str:
     """`mlir` with each kernel declaration given its dispatch body and the executable added; the
-    text unchanged when it declares none. cpus: the LLVM CPU names the module is built for (`host`
-    resolved), or a function returning them, asked only where a bf16 one-row product needs its stream
-    count (bf16_pair_min_k); none: the default."""
+    text unchanged when it declares none. arch: the module's llvm-cpu --arch, read (bf16_pair_min_k)
+    only where a bf16 one-row product needs its stream count; None: the default."""
     found = list(_DECL.finditer(mlir))
     found_gemm = list(_GEMM_DECL.finditer(mlir))
     found_attn = list(_ATTN_DECL.finditer(mlir))
@@ -524,7 +529,7 @@ def link(mlir: str, cpus=()) -> str:
                                                           int(m.group(8)) if m.group(8) else None, m.group(3) or "f32"), mlir)
     pair_min_k = BF16_PAIR_MIN_K
     if any(m.group(3) == "bf16" for m in found):
-        pair_min_k = bf16_pair_min_k(tuple(cpus() if callable(cpus) else cpus))
+        pair_min_k = bf16_pair_min_k(arch)
     out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5)),
                                           pair_min_k=pair_min_k), mlir)
     out = _GEMM_DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(5)), int(m.group(6)),

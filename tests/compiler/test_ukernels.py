@@ -115,7 +115,7 @@ def test_compiled_kernel_matches_torch(tmp_path, kind, groups, k):
 # group out (7 x 37), pairs only (8 x 64), one pair and a one-group workgroup at small K (3 x 768)
 @pytest.mark.parametrize("groups, k", [(8, 64), (7, 37), (3, 768)])
 def test_compiled_bf16_kernel_reading_pairs_matches_torch(tmp_path, groups, k):
-    text = ukernels.link(_module("bf16", groups, k), cpus=("znver3",))
+    text = ukernels.link(_module("bf16", groups, k), arch="znver3")
     assert "%pairk = arith.constant 0 : index" in text
     codes = _codes("bf16", groups * 32, k, 3)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(4))
@@ -125,19 +125,22 @@ def test_compiled_bf16_kernel_reading_pairs_matches_torch(tmp_path, groups, k):
     assert torch.equal(got, _run_linked(tmp_path, ukernels.link(_module("bf16", groups, k)), x, _packed.pack(codes, 32)))
 
 
-@pytest.mark.parametrize("cpus, want", [((), 1024), (("znver4",), 1024), (("x86-64-v3",), 1024), (("znver3",), 0),
-                                        (("znver3", "x86-64-v3"), 1024), (lambda: ("znver3",), 0)])
-def test_link_gives_the_bf16_matvec_its_cpus_stream_threshold(cpus, want):
-    text = ukernels.link(_module("bf16", 3, 768), cpus=cpus)
+@pytest.mark.parametrize("arch, want", [(None, 1024), ("znver4", 1024), ("x86-64-v3", 1024), ("znver3", 0),
+                                        ("znver3,x86-64-v3", 1024), ("portable", 1024)])
+def test_link_gives_the_bf16_matvec_its_cpus_stream_threshold(arch, want):
+    text = ukernels.link(_module("bf16", 3, 768), arch=arch)
     assert f"%pairk = arith.constant {want} : index" in text
     assert f"@{ukernels.EXECUTABLE}::@matvec_bf16[%g, %per](%x, %p, %k, %g, %per, %pairk)" in text
     assert "func.call @llmc_matvec_bf16(%x, %p, %y, %k, %g, %per, %wg, %pairk)" in text
 
 
-def test_link_asks_for_the_cpus_only_for_a_bf16_matvec():
+def test_link_asks_for_the_cpus_only_for_a_bf16_matvec(monkeypatch):
+    """Resolving a CPU name runs iree-compile: a module without a bf16 one-row product never pays it."""
     asked = []
-    text = ukernels.link(_module("fp8", 3, 64), cpus=lambda: asked.append(1) or ("znver3",))
+    monkeypatch.setattr(targets, "llvm_cpu_features", lambda cpu: asked.append(cpu) or ("znver3", ()))
+    text = ukernels.link(_module("fp8", 3, 64), arch="host")
     assert not asked and "%pairk" not in text
+    assert "%pairk = arith.constant 0 : index" in ukernels.link(_module("bf16", 3, 64), arch="host") and asked == ["host"]
 
 
 def _assert_within_summation_error(got, x, kind, codes, tight=1e-2):

@@ -5,6 +5,7 @@
 # RUN: filecheck %s --check-prefix=ROWSTATS < %t.row.stats
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype bf16 --stats 2> %t.krow.stats | filecheck %s --check-prefix=KROW
 # RUN: filecheck %s --check-prefix=KROWSTATS < %t.krow.stats
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch znver3 --dtype bf16 | filecheck %s --check-prefix=KROWZEN3
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype bf16 --stats 2> %t.kgemm.stats | filecheck %s --check-prefix=KGEMM
 # RUN: filecheck %s --check-prefix=KGEMMSTATS < %t.kgemm.stats
 # bf16 on cpu: f32 math, bf16 weights stored as their int16 bits. A linear weight [N, K] is stored
@@ -69,8 +70,13 @@ torch.export.save(torch.export.export(M(), (torch.tensor([3]),)), sys.argv[2])
 # KROW:        call @__llmc_matvec_bf16_1x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<1x16x32xi16>) -> tensor<1x32xf32>
 # KROW:        torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[1,12],f32>
 # KROW-NOT:    torch.aten.sum.dim_IntList
+# KROW:        %pairk = arith.constant 1024 : index
 # KROW:        flow.dispatch @__llmc_kernels::@matvec_bf16
 # KROW:        func.call @llmc_matvec_bf16(
+
+# A Zen 3 module reads every bf16 group pair side by side (compiler/ukernels.py BF16_PAIR_MIN_K_BY_CPU):
+# KROWZEN3:    %pairk = arith.constant 0 : index
+# KROWZEN3:    flow.dispatch @__llmc_kernels::@matvec_bf16
 
 # KROWSTATS:   "packed, 1 one-row product(s) as C kernel calls": 1
 
