@@ -28,6 +28,19 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 _LOCK = {"fd": None, "mode": None, "lazy": False}
 _LAVAPIPE_POOL = os.environ.setdefault("LP_NUM_THREADS", "0") != "0"  # False: lavapipe inline, no lock
 
+# ---- Lavapipe's shader compiles without LLVM's optimizations ----
+# Lavapipe compiles each shader with LLVM 15 (Mesa 22.3) on its first dispatch. On an AVX-512 host the
+# narrow-weight matmul shaders of the dtype matrix took minutes each at LLVM's default level
+# (SelectionDAG legalization; the rest in the coroutine split lavapipe's compute shaders go through):
+# the vulkan bf16 / fp8 / int8 cells 412 / 562 / 785 s cold in a full run, ~25 minutes more than on an
+# AVX2 host (docs/targets.md, "lavapipe's shader compiles on an AVX-512 host"). Mesa's
+# GALLIVM_PERF=nopt skips the IR optimization passes and compiles with LLVM's fast instruction
+# selection: the three cells 97 / 121 / 166 s cold in one process. The tests' shapes are tiny, so the
+# slower shader code costs nothing measurable; what the tests check (IREE's SPIR-V, its numbers
+# against eager) does not depend on how lavapipe optimizes. Set for the run, children included,
+# unless set already.
+os.environ.setdefault("GALLIVM_PERF", "nopt")
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "vulkan: runs on lavapipe in this process; under pytest-xdist it runs there while the other workers wait")
