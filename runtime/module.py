@@ -244,11 +244,11 @@ class Module:
             )
         self._module_file = self.vmfb  # the .vmfb this CPU runs: another for an artifact with one module per CPU
         self._check_cpu()
-        self.device_name = device or self.manifest.get("runtime_device", "local-task")
-        self.device_family = self.manifest.get("target", {}).get("device", "local")  # runtime/device.py DRIVERS
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise RuntimeLoadError(f"threads={threads!r}: give a whole number of worker threads, 1 or more (or None for IREE's default)")
         self.threads = threads
+        self.device_name = device or self._default_device()
+        self.device_family = self.manifest.get("target", {}).get("device", "local")  # runtime/device.py DRIVERS
         self.weights_mode = weights_mod.check_mode(weights)
         # Where the weights live once loaded ("mmap" or "memory", runtime/weights.py) and why; None before.
         self.weights = self.weights_reason = None
@@ -260,6 +260,22 @@ class Module:
         self._tokenizer = None
         self.last_generation = None  # the last generate() / generate_text() run (runtime/generate.py: Generation)
         self.default_entry = self.manifest.get("default_entry", next(iter(self.manifest["entry_points"])))
+
+    def _default_device(self) -> str:
+        """The manifest's device, except one thread on a CPU module for one device: IREE's local-sync.
+
+        local-sync runs every dispatch on the calling thread; local-task with one worker hands each
+        call to that worker and waits for it, and hands each dispatch on through its task system.
+        The same work, less around it: a 12-layer dim-128 Llama's decode call 0.43 -> 0.30 ms, a
+        small-125m bf16 decode step 1-2% faster (docs/targets.md, "One thread: local-sync"). A module
+        split over several devices (--tensor-parallel) keeps local-task: local-sync devices would
+        all run on the one calling thread, one after another.
+        """
+        name = self.manifest.get("runtime_device", "local-task")
+        target = self.manifest.get("target", {})
+        if self.threads == 1 and name == "local-task" and int(target.get("devices", 1)) == 1:
+            return "local-sync"
+        return name
 
     @property
     def entry_points(self) -> dict[str, EntryPoint]:
@@ -301,7 +317,7 @@ class Module:
         if self._loaded is None:
             import iree.runtime as rt
 
-            if self.threads:
+            if self.threads and self.device_driver == "local-task":
                 rt.flags.parse_flags(f"--task_topology_group_count={int(self.threads)}")
             from llmc.runtime.device import is_device_lost, open_device
 
@@ -655,7 +671,9 @@ def load(path_or_artifact, device: str | None = None, *, threads: int | None = N
     """Load a compiled module. `path_or_artifact`: the .vmfb path or an llmc.Artifact.
 
     threads: worker count of IREE's local-task device. IREE caches devices per process and the flag
-    is process-global, so it takes effect for the first module loaded in a process only.
+    is process-global, so it takes effect for the first module loaded in a process only. threads=1
+    on a CPU module (without `device`) runs on IREE's local-sync device instead: the dispatches run
+    on the calling thread (Module._default_device).
     weights: where the weights live on a CPU device, "mmap" (mapped from the .irpa), "memory" (read
     into memory with huge pages: faster decode) or "auto" (memory where it pays and fits;
     runtime/weights.py). Module.weights says what was chosen, once loaded.

@@ -35,10 +35,10 @@ _LAVAPIPE_POOL = os.environ.setdefault("LP_NUM_THREADS", "0") != "0"  # False: l
 # the vulkan bf16 / fp8 / int8 cells 412 / 562 / 785 s cold in a full run, ~25 minutes more than on an
 # AVX2 host (docs/targets.md, "lavapipe's shader compiles on an AVX-512 host"). Mesa's
 # GALLIVM_PERF=nopt skips the IR optimization passes and compiles with LLVM's fast instruction
-# selection: the three cells 97 / 121 / 166 s cold in one process. The tests' shapes are tiny, so the
-# slower shader code costs nothing measurable; what the tests check (IREE's SPIR-V, its numbers
-# against eager) does not depend on how lavapipe optimizes. Set for the run, children included,
-# unless set already.
+# selection: the three cells 97 / 121 / 166 s cold in one process, and the 54 tests with vulkan, lavapipe
+# or spirv in their id 612 s instead of 1252 s under -n 2 (one of them slower: 47 vs 18 s). What the
+# tests check (IREE's SPIR-V, its numbers against eager) does not depend on how lavapipe optimizes.
+# Set for the run, children included, unless set already.
 os.environ.setdefault("GALLIVM_PERF", "nopt")
 
 

@@ -47,6 +47,30 @@ def test_thread_count_is_checked(compiled, threads):
     assert info.value.exit_code == 2
 
 
+def test_one_thread_runs_on_local_sync_with_the_same_results(compiled, mod, tmp_path):
+    """threads=1 runs on IREE's local-sync device (the dispatches on the calling thread), with the
+    numbers local-task gives; an explicit device, another thread count or a module split over
+    devices keeps the manifest's local-task."""
+    model, _, art = compiled
+    x = x_of(9, seed=3)
+    one = llmc.load(art, threads=1)
+    assert one.device_name == "local-sync"
+    got = one(x)
+    assert torch.equal(got, mod(x))  # the same executable, each workgroup's sums in the same order
+    assert diff_metrics.compare("local-sync", got, eager(model, x), F32).max_rel <= 1e-5
+    assert llmc.load(art, "local-task", threads=1).device_name == "local-task"
+    assert llmc.load(art, threads=2).device_name == "local-task"
+    # a module for two devices (--tensor-parallel 2): its two local-sync devices would run one after the other
+    split = tmp_path / "split.vmfb"
+    shutil.copy(art.vmfb, split)
+    manifest = json.loads(art.vmfb.with_suffix(".json").read_text())
+    manifest["target"]["devices"] = 2
+    split.with_suffix(".json").write_text(json.dumps(manifest))
+    if art.vmfb.with_suffix(".irpa").exists():
+        shutil.copy(art.vmfb.with_suffix(".irpa"), split.with_suffix(".irpa"))
+    assert llmc.load(split, threads=1).device_name == "local-task"
+
+
 def x_of(seq: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
     return torch.randn(batch, seq, 64, generator=torch.Generator().manual_seed(seed))
 
