@@ -266,8 +266,9 @@ class Module:
 
         local-sync runs every dispatch on the calling thread; local-task with one worker hands each
         call to that worker and waits for it, and hands each dispatch on through its task system.
-        The same work, less around it: a 12-layer dim-128 Llama's decode call 0.43 -> 0.30 ms, a
-        small-125m bf16 decode step 1-2% faster (docs/targets.md, "One thread: local-sync"). A module
+        The same work, less around it: a 12-layer dim-128 Llama's decode call 0.43 -> 0.30 ms,
+        small-125m bf16 decode 107.9 -> 109.6 tok/s by the medians, 1.075x by the median of per-round
+        ratios (docs/targets.md, "One thread: local-sync"). A module
         split over several devices (--tensor-parallel) keeps local-task: local-sync devices would
         all run on the one calling thread, one after another.
         """
@@ -671,9 +672,10 @@ def load(path_or_artifact, device: str | None = None, *, threads: int | None = N
     """Load a compiled module. `path_or_artifact`: the .vmfb path or an llmc.Artifact.
 
     threads: worker count of IREE's local-task device. IREE caches devices per process and the flag
-    is process-global, so it takes effect for the first module loaded in a process only. threads=1
-    on a CPU module (without `device`) runs on IREE's local-sync device instead: the dispatches run
-    on the calling thread (Module._default_device).
+    is process-global, so it takes effect for the first local-task module loaded in a process only.
+    threads=1 on a CPU module for one device (without `device`) runs on IREE's local-sync device
+    instead: the dispatches run on the calling thread (Module._default_device), and the flag is not
+    set, so a later threads=None load in the process gets IREE's default worker count.
     weights: where the weights live on a CPU device, "mmap" (mapped from the .irpa), "memory" (read
     into memory with huge pages: faster decode) or "auto" (memory where it pays and fits;
     runtime/weights.py). Module.weights says what was chosen, once loaded.

@@ -108,7 +108,9 @@ def build(args, n: int, source: Path) -> dict:
 def worker(spec: dict) -> dict:
     import llmc
 
-    mods = {n: llmc.load(path, threads=spec["threads"]) for n, path in spec["artifacts"].items()}
+    # local-task for every N (cpu only runs here): llmc.load's threads=1 alone would put N = 1 on
+    # local-sync (runtime/module.py _default_device), and the ratios to N = 1 would fold that device's gain in
+    mods = {n: llmc.load(path, "local-task", threads=spec["threads"]) for n, path in spec["artifacts"].items()}
     samples = {n: [] for n in mods}
     tokens = {}
     warmup = spec["warmup"]
