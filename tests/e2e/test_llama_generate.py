@@ -259,6 +259,51 @@ def test_generate_edges(compiled):
             mod.generate(PROMPT, **{"max_new_tokens": 3, **bad})
 
 
+def test_logits_row_is_the_results_and_non_finite_logits_stop_generation(compiled, monkeypatch):
+    """generate reads each logits row from the mapped result (runtime/generate.py _row_reader): the same
+    f32 row Module.host gives; a NaN or +inf in a row, the first or a later step's, stops the run with
+    RuntimeCallError, greedy (argmax, then its value checked) and sampled (the whole row checked)."""
+    import numpy as np
+
+    import llmc
+    from llmc.errors import RuntimeCallError
+    from llmc.runtime import generate as gen
+
+    mod = llmc.load(compiled["hf"])
+    decode = mod.entry_points["decode"].call_raw
+    g = gen.Generator(mod)
+    cache = g._new_cache(mod.devices)
+    logits = decode([np.asarray([[3]], dtype=np.int64), np.ones((1, 1), dtype=np.int64), *cache])[0]
+    row = g._row_reader("decode")(logits)
+    assert row.dtype == np.float32 and row.shape == (mod.manifest["llm"]["config"]["vocab_size"],)
+    assert np.array_equal(row, np.asarray(mod.host(logits), dtype=np.float32).reshape(-1))
+
+    real = gen.Generator._row_reader
+    for value in (np.nan, np.inf):
+        for bad_call in (0, 2):  # the prompt's row, a decode step's
+            calls = []
+
+            def reader(self, function, value=value, bad_call=bad_call, calls=calls):
+                read = real(self, function)
+
+                def poisoned(logits):
+                    out = read(logits)
+                    if len(calls) == bad_call:
+                        out[7] = value
+                    calls.append(function)
+                    return out
+                return poisoned
+
+            monkeypatch.setattr(gen.Generator, "_row_reader", reader)
+            for options in ({}, {"temperature": 0.8, "seed": 1}):
+                calls.clear()
+                with pytest.raises(RuntimeCallError, match="non-finite logits"):
+                    mod.generate(PROMPT, 5, stop_at_eos=False, **options)
+                assert len(calls) == bad_call + 1
+    monkeypatch.setattr(gen.Generator, "_row_reader", real)
+    assert len(mod.generate(PROMPT, 5, stop_at_eos=False)) == 5
+
+
 def test_cli_bad_lengths(checkpoints, compiled, tmp_path):
     root, _, _ = checkpoints
     r = llmc_in_process("compile", root / "hf", "--max-seq-len", "2", "-o", tmp_path / "m.vmfb")
