@@ -167,28 +167,16 @@ class Generator:
         on = (self.llm.get("tensor_parallel") or {}).get("cache_devices") or [0] * spec["count"]
         return [rt.asdevicearray(devices[d], zeros) for d in on]
 
-    def _row_reader(self, function: str):
-        """`function`'s logits result -> its [vocab] row as f32 on the host.
+    def _logits_dtype(self, function: str):
+        """The numpy dtype of `function`'s logits as the manifest records it (a `--dtype bf16` cpu module
+        returns bf16 ones, passes/bf16_outputs.py), for Module.host; None where it records none."""
+        outputs = self.module.manifest["entry_points"][function].get("outputs") or {}
+        spec = outputs.get("children", [{}])[0] if outputs.get("type") == "tuple" else {}
+        return dtypes.by_name(spec["dtype"]).numpy if spec.get("type") == "tensor" else None
 
-        On a CPU device the result is host memory: its buffer is mapped and read in place, with the
-        dtype the manifest gives (a `--dtype bf16` cpu module returns bf16 logits, passes/bf16_outputs.py),
-        which skips iree.runtime's per-call queries (`_is_mappable`, `_get_raw_dtype`: 0.06 of the 0.10 ms
-        `Module.host` took per step for small-125m). Elsewhere `Module.host` copies it as before.
-        """
-        from llmc.runtime import weights as weights_mod
-
-        entry = self.module.manifest["entry_points"][function]
-        spec = entry["outputs"]["children"][0] if entry.get("outputs", {}).get("type") == "tuple" else None
-        if self.module.device_driver not in weights_mod.LOCAL_DRIVERS or spec is None or spec.get("type") != "tensor":
-            return lambda logits: np.asarray(self.module.host(logits).reshape(-1), dtype=np.float32)
-        dtype = dtypes.by_name(spec["dtype"]).numpy
-
-        def read(logits) -> np.ndarray:
-            view = logits._buffer_view
-            mapped = view.map()  # kept referenced while the view below is read: the copy ends the read
-            return np.array(mapped.asarray(view.shape, dtype).reshape(-1), dtype=np.float32)
-
-        return read
+    def _row(self, logits, dtype) -> np.ndarray:
+        """A logits result's [vocab] row as f32 on the host."""
+        return np.asarray(self.module.host(logits, dtype).reshape(-1), dtype=np.float32)
 
     def _chunked_prefill(self, prompt: list[int], c: int, min_tokens: int, cache) -> list:
         """A prompt of P >= c tokens: its first P mod c tokens through the dynamic prefill (one token: a
@@ -286,10 +274,10 @@ class Generator:
             run.prefill_function = self.llm["decode"]["function"]
             out = list(decode([np.asarray([prompt], dtype=np.int64), np.ones((1, 1), dtype=np.int64), *cache]))
         length = len(prompt)
-        read_row = self._row_reader(run.prefill_function)  # the first row is the prompt's, then the steps'
+        logits_dtype = self._logits_dtype(run.prefill_function)  # the first row is the prompt's, then the steps'
         while True:
             logits, cache = out[0], out[1:]
-            row = read_row(logits)
+            row = self._row(logits, logits_dtype)
             if temperature <= 0:
                 # Greedy: the first maximum, then its value checked. NaN wins numpy's argmax (its first
                 # NaN) and +inf is the maximum, so either is caught without a pass of its own over the
@@ -316,5 +304,5 @@ class Generator:
                 return tokens
             length += 1
             if len(tokens) == 1:
-                read_row = self._row_reader(run.decode_function)
+                logits_dtype = self._logits_dtype(run.decode_function)
             out = list(decode_step(tok, length, cache))

@@ -260,10 +260,12 @@ def test_generate_edges(compiled):
 
 
 def test_logits_row_is_the_results_and_non_finite_logits_stop_generation(compiled, monkeypatch):
-    """generate reads each logits row from the mapped result (runtime/generate.py _row_reader): the same
-    f32 row Module.host gives; a NaN or +inf in a row, the first or a later step's, stops the run with
-    RuntimeCallError, greedy (argmax, then its value checked) and sampled (the whole row checked)."""
+    """generate reads each logits row through Module.host with the manifest's dtype (runtime/generate.py
+    _logits_dtype), which on a CPU device maps the result without iree.runtime's per-call queries: the
+    same f32 row the plain Module.host gives. A NaN or +inf in a row, the first or a later step's, stops
+    the run with RuntimeCallError, greedy (argmax, then its value checked) and sampled (the whole row)."""
     import numpy as np
+    from iree.runtime.array_interop import DeviceArray
 
     import llmc
     from llmc.errors import RuntimeCallError
@@ -274,33 +276,35 @@ def test_logits_row_is_the_results_and_non_finite_logits_stop_generation(compile
     g = gen.Generator(mod)
     cache = g._new_cache(mod.devices)
     logits = decode([np.asarray([[3]], dtype=np.int64), np.ones((1, 1), dtype=np.int64), *cache])[0]
-    row = g._row_reader("decode")(logits)
+    dtype = g._logits_dtype("decode")
+    assert dtype is not None and dtype == np.asarray(mod.host(logits)).dtype
+    plain = np.asarray(mod.host(logits), dtype=np.float32).reshape(-1)
+    with monkeypatch.context() as m:  # the mapped read asks iree.runtime nothing per call
+        m.setattr(DeviceArray, "_is_mappable", lambda self: pytest.fail("Module.host queried the result"))
+        m.setattr(DeviceArray, "_get_raw_dtype", lambda self: pytest.fail("Module.host queried the result"))
+        row = g._row(logits, dtype)
     assert row.dtype == np.float32 and row.shape == (mod.manifest["llm"]["config"]["vocab_size"],)
-    assert np.array_equal(row, np.asarray(mod.host(logits), dtype=np.float32).reshape(-1))
+    assert np.array_equal(row, plain)
 
-    real = gen.Generator._row_reader
+    real = gen.Generator._row
     for value in (np.nan, np.inf):
         for bad_call in (0, 2):  # the prompt's row, a decode step's
             calls = []
 
-            def reader(self, function, value=value, bad_call=bad_call, calls=calls):
-                read = real(self, function)
+            def poisoned(self, logits, dtype, value=value, bad_call=bad_call, calls=calls):
+                out = real(self, logits, dtype)
+                if len(calls) == bad_call:
+                    out[7] = value
+                calls.append(dtype)
+                return out
 
-                def poisoned(logits):
-                    out = read(logits)
-                    if len(calls) == bad_call:
-                        out[7] = value
-                    calls.append(function)
-                    return out
-                return poisoned
-
-            monkeypatch.setattr(gen.Generator, "_row_reader", reader)
+            monkeypatch.setattr(gen.Generator, "_row", poisoned)
             for options in ({}, {"temperature": 0.8, "seed": 1}):
                 calls.clear()
                 with pytest.raises(RuntimeCallError, match="non-finite logits"):
                     mod.generate(PROMPT, 5, stop_at_eos=False, **options)
                 assert len(calls) == bad_call + 1
-    monkeypatch.setattr(gen.Generator, "_row_reader", real)
+    monkeypatch.setattr(gen.Generator, "_row", real)
     assert len(mod.generate(PROMPT, 5, stop_at_eos=False)) == 5
 
 
