@@ -143,6 +143,9 @@ class Lowered:
     signatures: dict[str, dict]
     plan: pipeline.Plan
     target: targets.ResolvedTarget
+    # The text before ukernels.link gave the kernel calls their bodies (None: it had none), linked again for
+    # each CPU of a --cpu-dispatch modules build: the C functions and stream counts are chosen by the CPU.
+    unlinked: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,11 +246,12 @@ def lower_module(
         if target.module_target:
             _write_device_targets(module, target.module_target)
         mlir = str(module)
-        linked = ukernels.link(mlir, arch=target.arch if target.cpus else None)  # cpus: llvm-cpu only
+        # cpus: llvm-cpu only; a --cpu-dispatch modules build's main .vmfb is its last CPU's alone (the others: below)
+        linked = ukernels.link(mlir, arch=(target.cpus[-1] if target.cpu_modules else target.arch) if target.cpus else None)
         if dump is not None and linked is not mlir:
             dump("cpu-kernels", lambda: linked)  # the text iree-compile gets: the kernels' dispatches and executable
-        mlir = linked
-    return Lowered(mlir, store, mutable, signatures, plan, target)
+        unlinked, mlir = (mlir if linked is not mlir else None), linked
+    return Lowered(mlir, store, mutable, signatures, plan, target, unlinked)
 
 
 _KEEP_F64 = "--iree-input-demote-f64-to-f32=false"
@@ -348,7 +352,8 @@ def write_artifact(
             for cpu in target.cpus[:-1]:
                 with phases.phase(f"iree-compile ({cpu})"):
                     path = tmp_dir / f"{cpu}.vmfb"
-                    iree.compile_mlir(lowered.mlir, path, compile_flags(target.for_cpu(cpu), lowered.mlir),
+                    text = lowered.mlir if lowered.unlinked is None else ukernels.link(lowered.unlinked, arch=cpu)
+                    iree.compile_mlir(text, path, compile_flags(target.for_cpu(cpu), text),
                                       repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent, target_name=target.name)
                 cpu_modules[cpu] = f".{cpu}.vmfb"
                 extras.append((path, out_vmfb.with_name(name + cpu_modules[cpu])))

@@ -261,3 +261,41 @@ def test_the_chosen_module_is_the_one_that_runs(per_cpu):
     v4 = subprocess.run([sys.executable, "-c", _RUN_MODULES, str(per_cpu.vmfb), "v4"], capture_output=True, text=True)
     assert own.returncode == 0 and "ran mlp.vmfb" in own.stdout, own.stderr[-2000:]
     assert v4.returncode == -4, (v4.returncode, v4.stdout, v4.stderr[-2000:])  # SIGILL
+
+
+def test_each_cpu_module_links_the_kernels_its_cpu_runs_best(tmp_path, monkeypatch):
+    """A modules build links llmc's C kernels once per CPU: the x86-64-v4 module's bf16 one-row products
+    call the AVX-512F loop, the x86-64-v3 fallback's the AVX2 one (one link for the whole list would give
+    both the AVX2 loop). Both modules give the same values, within the bf16 output's rounding of eager
+    with the weights rounded to bf16."""
+    from llmc.compiler import iree, lower, ukernels
+
+    if ukernels.unavailable(targets.resolve("cpu", "x86-64-v3", "bf16")) is not None:
+        pytest.skip("no C kernels here: " + ukernels.unavailable(targets.resolve("cpu", "x86-64-v3", "bf16")))
+    texts, real = {}, iree.compile_mlir
+
+    def spy(text, path, flags, **kw):
+        texts[next(f.split("=", 1)[1] for f in flags if f.startswith("--iree-llvmcpu-target-cpu="))] = text
+        return real(text, path, flags, **kw)
+
+    monkeypatch.setattr(lower.iree, "compile_mlir", spy)
+    m = _mlp()
+    art = llmc.compile(m, (torch.randn(1, 64),), arch="portable", dtype="bf16", output=tmp_path / "mlp.vmfb")
+    monkeypatch.undo()
+    assert sorted(texts) == ["x86-64-v3", "x86-64-v4"]
+    assert texts["x86-64-v4"].count("func.call @llmc_matvec_bf16_avx512(") == 1 and "@llmc_matvec_bf16(" not in texts["x86-64-v4"]
+    assert texts["x86-64-v3"].count("func.call @llmc_matvec_bf16(") == 1 and "_avx512" not in texts["x86-64-v3"]
+    x = torch.randn(1, 64)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+        want = m(x)
+    got = {}
+    for cpu in (["x86-64-v4"] if AVX512 else []) + ["x86-64-v3"]:
+        monkeypatch.setattr(rt_module.Module, "cpu_variant", property(lambda self, cpu=cpu: cpu))
+        with llmc.load(art.vmfb) as mod:
+            got[cpu] = torch.as_tensor(mod(x))
+        assert got[cpu].dtype == torch.bfloat16  # a bf16 build's outputs (the bf16-outputs pass)
+        torch.testing.assert_close(got[cpu].float(), want, rtol=2**-8, atol=1e-6)  # the output's own bf16 rounding
+    if AVX512:
+        assert torch.equal(got["x86-64-v4"], got["x86-64-v3"])  # the two loops' sums are bit-identical

@@ -20,6 +20,7 @@ from llmc.compiler import targets, ukernels
 from llmc.compiler.iree import iree_compile_path
 from llmc.errors import CompileError
 from llmc.passes import _packed
+from llmc.runtime import module as rt_module
 
 # CI installs gcc and sets LLMC_REQUIRE_CPU_KERNELS=1 (.ci/run): there these must run, not skip.
 pytestmark = pytest.mark.skipif((ukernels.c_compiler() is None or os.uname().machine != "x86_64")
@@ -78,11 +79,11 @@ def _module(kind: str, groups: int, k: int, m: int | str | None = None) -> str:
             f"    return %y : {ty}\n  }}\n}}\n")
 
 
-def _run_linked(tmp_path, text: str, x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Compile the linked module for x86-64-v3 and run main(x, p) with iree-run-module."""
+def _run_linked(tmp_path, text: str, x: torch.Tensor, p: torch.Tensor, cpu: str = "x86-64-v3") -> torch.Tensor:
+    """Compile the linked module for `cpu` and run main(x, p) with iree-run-module."""
     src, vmfb = tmp_path / "m.mlir", tmp_path / "m.vmfb"
     src.write_text(text)
-    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=x86-64-v3"]
+    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu", f"--iree-llvmcpu-target-cpu={cpu}"]
     subprocess.run([iree_compile_path(), str(src), *flags, "-o", str(vmfb)], check=True, capture_output=True, text=True)
     np.save(tmp_path / "x.npy", x.numpy())
     np.save(tmp_path / "p.npy", p.numpy())
@@ -125,13 +126,35 @@ def test_compiled_bf16_kernel_reading_pairs_matches_torch(tmp_path, groups, k):
     assert torch.equal(got, _run_linked(tmp_path, ukernels.link(_module("bf16", groups, k)), x, _packed.pack(codes, 32)))
 
 
-@pytest.mark.parametrize("arch, want", [(None, 1024), ("znver4", 1024), ("x86-64-v3", 1024), ("znver3", 0),
-                                        ("znver3,x86-64-v3", 1024), ("portable", 1024)])
-def test_link_gives_the_bf16_matvec_its_cpus_stream_threshold(arch, want):
+# The AVX-512F form only where every CPU of the module has it (a portable module's generic x86-64-v3 lacks it)
+@pytest.mark.parametrize("arch, want, function", [
+    (None, 1024, "llmc_matvec_bf16"), ("znver4", 1024, "llmc_matvec_bf16_avx512"), ("x86-64-v3", 1024, "llmc_matvec_bf16"),
+    ("x86-64-v4", 1024, "llmc_matvec_bf16_avx512"), ("znver3", 0, "llmc_matvec_bf16"), ("znver3,x86-64-v3", 1024, "llmc_matvec_bf16"),
+    ("portable", 1024, "llmc_matvec_bf16"), ("x86-64-v4,znver4", 1024, "llmc_matvec_bf16_avx512")])
+def test_link_gives_the_bf16_matvec_its_cpus_stream_threshold_and_c_function(arch, want, function):
     text = ukernels.link(_module("bf16", 3, 768), arch=arch)
     assert f"%pairk = arith.constant {want} : index" in text
     assert f"@{ukernels.EXECUTABLE}::@matvec_bf16[%g, %per](%x, %p, %k, %g, %per, %pairk)" in text
-    assert "func.call @llmc_matvec_bf16(%x, %p, %y, %k, %g, %per, %wg, %pairk)" in text
+    assert f"func.call @{function}(%x, %p, %y, %k, %g, %per, %wg, %pairk)" in text
+    assert f"func.func private @{function}(" in text and text.count("func.func private @llmc_matvec_bf16") == 1
+
+
+_AVX512 = "avx512f" in (rt_module.host_cpu_flags() or set())
+
+
+# The 512-bit loop's tails as the AVX2 loop's: whole groups only (8 x 64), the one-group tail and odd K (7 x 37),
+# small K (3 x 768), pairs from K = 1024 with an odd group out and the last-k tail (5 x 2053)
+@pytest.mark.skipif(not _AVX512, reason="runs AVX-512 code: needs a CPU with AVX-512F")
+@pytest.mark.parametrize("groups, k", [(8, 64), (7, 37), (3, 768), (5, 2053)])
+def test_compiled_avx512_bf16_kernel_matches_torch_and_the_avx2_loop(tmp_path, groups, k):
+    text = ukernels.link(_module("bf16", groups, k), arch="x86-64-v4")
+    assert "func.call @llmc_matvec_bf16_avx512(" in text
+    codes = _codes("bf16", groups * 32, k, 5)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(6))
+    got = _run_linked(tmp_path, text, x, _packed.pack(codes, 32), cpu="x86-64-v4")
+    _assert_within_summation_error(got, x, "bf16", codes)
+    # the same two partial sums per channel as the AVX2 loop, each channel back in its place: bit-identical
+    assert torch.equal(got, _run_linked(tmp_path, ukernels.link(_module("bf16", groups, k)), x, _packed.pack(codes, 32)))
 
 
 def test_link_asks_for_the_cpus_only_for_a_bf16_matvec(monkeypatch):
@@ -140,7 +163,7 @@ def test_link_asks_for_the_cpus_only_for_a_bf16_matvec(monkeypatch):
     monkeypatch.setattr(targets, "llvm_cpu_features", lambda cpu: asked.append(cpu) or ("znver3", ()))
     text = ukernels.link(_module("fp8", 3, 64), arch="host")
     assert not asked and "%pairk" not in text
-    assert "%pairk = arith.constant 0 : index" in ukernels.link(_module("bf16", 3, 64), arch="host") and asked == ["host"]
+    assert "%pairk = arith.constant 0 : index" in ukernels.link(_module("bf16", 3, 64), arch="host") and set(asked) == {"host"}
 
 
 def _assert_within_summation_error(got, x, kind, codes, tight=1e-2):

@@ -6,6 +6,7 @@
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype bf16 --stats 2> %t.krow.stats | filecheck %s --check-prefix=KROW
 # RUN: filecheck %s --check-prefix=KROWSTATS < %t.krow.stats
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch znver3 --dtype bf16 | filecheck %s --check-prefix=KROWZEN3
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v4 --dtype bf16 | filecheck %s --check-prefix=KROWV4
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype bf16 --stats 2> %t.kgemm.stats | filecheck %s --check-prefix=KGEMM
 # RUN: filecheck %s --check-prefix=KGEMMSTATS < %t.kgemm.stats
 # bf16 on cpu: f32 math, bf16 weights stored as their int16 bits. A linear weight [N, K] is stored
@@ -73,6 +74,13 @@ torch.export.save(torch.export.export(M(), (torch.tensor([3]),)), sys.argv[2])
 # KROW:        %pairk = arith.constant 1024 : index
 # KROW:        flow.dispatch @__llmc_kernels::@matvec_bf16
 # KROW:        func.call @llmc_matvec_bf16(
+# KROW-NOT:    _avx512
+
+# A module whose CPUs all have AVX-512F calls the loop's 512-bit form (compiler/ukernels.py bf16_matvec_function):
+# KROWV4:      %pairk = arith.constant 1024 : index
+# KROWV4:      flow.dispatch @__llmc_kernels::@matvec_bf16
+# KROWV4:      func.func private @llmc_matvec_bf16_avx512(
+# KROWV4:      func.call @llmc_matvec_bf16_avx512(
 
 # A Zen 3 module reads every bf16 group pair side by side (compiler/ukernels.py BF16_PAIR_MIN_K_BY_CPU):
 # KROWZEN3:    %pairk = arith.constant 0 : index
