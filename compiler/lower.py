@@ -143,8 +143,9 @@ class Lowered:
     signatures: dict[str, dict]
     plan: pipeline.Plan
     target: targets.ResolvedTarget
-    # The text before ukernels.link gave the kernel calls their bodies (None: it had none), linked again for
-    # each CPU of a --cpu-dispatch modules build: the C functions and stream counts are chosen by the CPU.
+    # A --cpu-dispatch modules build's text before ukernels.link gave the kernel calls their bodies (None: not
+    # such a build, or no kernel calls), linked again for each other CPU: the C functions and stream counts
+    # the link chooses are that CPU's (`mlir` is the main module's: the last CPU's).
     unlinked: str | None = None
 
 
@@ -248,9 +249,12 @@ def lower_module(
         mlir = str(module)
         # cpus: llvm-cpu only; a --cpu-dispatch modules build's main .vmfb is its last CPU's alone (the others: below)
         linked = ukernels.link(mlir, arch=(target.cpus[-1] if target.cpu_modules else target.arch) if target.cpus else None)
+        relink = linked is not mlir and target.cpu_modules  # each other CPU's module is linked for that CPU
         if dump is not None and linked is not mlir:
+            for cpu in target.cpus[:-1] if relink else ():  # before the main text, which stays the last dump
+                dump(f"cpu-kernels-{cpu}", lambda cpu=cpu: ukernels.link(mlir, arch=cpu))
             dump("cpu-kernels", lambda: linked)  # the text iree-compile gets: the kernels' dispatches and executable
-        unlinked, mlir = (mlir if linked is not mlir else None), linked
+        unlinked, mlir = (mlir if relink else None), linked
     return Lowered(mlir, store, mutable, signatures, plan, target, unlinked)
 
 

@@ -72,9 +72,10 @@ MIN_WORKGROUPS = 16
 # (generic x86-64-v3/v4 included) gets the default; a module for several CPUs gets it unless all agree.
 BF16_PAIR_MIN_K = 1024
 BF16_PAIR_MIN_K_BY_CPU = {"znver3": 0}
-# bf16 one-row products in a module whose every CPU has AVX-512F call the C loop's 512-bit form (one
-# 64-byte load and two decodes per K step instead of four widening loads, four shifts; bit-identical
-# sums): small-125m bf16 decode 1.091x / 1.074x at 1 thread, 1.017x at 2 on Zen 4 (docs/targets.md).
+# bf16 one-row products in a module whose every CPU has AVX-512F call the C loop's 512-bit form (each
+# 64-byte K step decoded whole by a shift and an and, instead of four widening loads and four shifts;
+# bit-identical sums): small-125m bf16 decode 1.091x / 1.074x at 1 thread on Zen 4, no clear change at 2
+# (docs/targets.md). Unmeasured on Intel AVX-512 cores.
 BF16_MATVEC_FUNCTION = "llmc_matvec_bf16"
 BF16_MATVEC_FUNCTION_AVX512 = "llmc_matvec_bf16_avx512"
 EXECUTABLE = "__llmc_kernels"

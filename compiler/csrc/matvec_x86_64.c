@@ -246,17 +246,19 @@ static inline void bf16_groups(const float *restrict x, const uint16_t *restrict
 
 /* ---- the same, with AVX-512F: llmc_matvec_bf16_avx512 (a module whose every CPU has it) ----
  *
- * One 64-byte load per K step of a group instead of four 16-byte widening loads: each 32-bit lane of the
- * line holds two channels' bf16 bits, channel 2d in its low half and 2d + 1 in its high half, so a shift
- * left by 16 gives the even channels' f32 values and an and with 0xFFFF0000 the odd ones' (exact, as the
- * AVX2 decode). A K step is then 2 decodes and 2 FMAs (the compiler folds the load into both) where the
- * AVX2 loop has 4 widening loads, 4 shifts and 4 FMAs: with fewer operations per line waiting on memory,
- * more lines are in flight. The sums are the AVX2 loop's (even k into one partial sum per channel, odd
- * k into another, added at the end), so the results are bit-identical; the even/odd lanes are put back
- * in channel order once per group. Measured on one Zen 4 core (which runs a 512-bit operation as two
- * 256-bit halves), small-125m's products in a C harness: 1.036-1.088x the AVX2 loop's rate (per-round
- * ratio medians of 41-51 rounds); small-125m bf16 decode in IREE, both builds alternating in one process:
- * 1.091x and 1.074x at 1 thread, 1.017x at 2 (docs/targets.md "cpu matvec kernels"). */
+ * A K step of a group (one 64-byte line) is decoded whole: each 32-bit lane of the line holds two channels'
+ * bf16 bits, channel 2d in its low half and 2d + 1 in its high half, so a shift left by 16 gives the even
+ * channels' f32 values and an and with 0xFFFF0000 the odd ones' (exact, as the AVX2 decode). A K step is
+ * then 2 decodes and 2 FMAs (gcc takes the line from memory in both decodes, the second read an L1 hit;
+ * clang loads it once) where the AVX2 loop has 4 widening loads, 4 shifts and 4 FMAs: with fewer
+ * operations per line waiting on memory, more lines are in flight. The sums are the AVX2 loop's (even k
+ * into one partial sum per channel, odd k into another, added at the end), so the results are
+ * bit-identical (NaN payloads aside); the even/odd lanes are put back in channel order once per group.
+ * Measured on one Zen 4 core (which runs a 512-bit operation as two 256-bit halves), small-125m's
+ * products in a C harness: 1.036-1.088x the AVX2 loop's rate (per-round ratio medians of 41-61 rounds);
+ * small-125m bf16 decode in IREE, both builds alternating in one process: per-round ratio medians 1.091x
+ * and 1.074x at 1 thread, no clear change at 2 (docs/targets.md "cpu matvec kernels"). Not measured on an
+ * Intel AVX-512 core (where 512-bit arithmetic can lower the clock). */
 
 #define LO512(w) _mm512_castsi512_ps(_mm512_slli_epi32((w), 16))
 #define HI512(w) _mm512_castsi512_ps(_mm512_and_si512((w), odd))

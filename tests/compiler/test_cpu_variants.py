@@ -280,11 +280,17 @@ def test_each_cpu_module_links_the_kernels_its_cpu_runs_best(tmp_path, monkeypat
 
     monkeypatch.setattr(lower.iree, "compile_mlir", spy)
     m = _mlp()
-    art = llmc.compile(m, (torch.randn(1, 64),), arch="portable", dtype="bf16", output=tmp_path / "mlp.vmfb")
+    art = llmc.compile(m, (torch.randn(1, 64),), arch="portable", dtype="bf16", output=tmp_path / "mlp.vmfb",
+                       dump_ir=tmp_path / "ir")
     monkeypatch.undo()
     assert sorted(texts) == ["x86-64-v3", "x86-64-v4"]
     assert texts["x86-64-v4"].count("func.call @llmc_matvec_bf16_avx512(") == 1 and "@llmc_matvec_bf16(" not in texts["x86-64-v4"]
     assert texts["x86-64-v3"].count("func.call @llmc_matvec_bf16(") == 1 and "_avx512" not in texts["x86-64-v3"]
+    # --dump-ir writes each CPU's linked text; the last one is still the main module's (the x86-64-v3 fallback)
+    from llmc.compiler.pipeline import Dumper
+
+    assert [p.read_text() for p in (tmp_path / "ir").glob("*-cpu-kernels-x86-64-v4.mlir")] == [texts["x86-64-v4"]]
+    assert Dumper.last_mlir(tmp_path / "ir").read_text() == texts["x86-64-v3"]
     x = torch.randn(1, 64)
     with torch.no_grad():
         for p in m.parameters():
