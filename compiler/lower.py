@@ -143,10 +143,10 @@ class Lowered:
     signatures: dict[str, dict]
     plan: pipeline.Plan
     target: targets.ResolvedTarget
-    # A --cpu-dispatch modules build's text before ukernels.link gave the kernel calls their bodies (None: not
-    # such a build, or no kernel calls), linked again for each other CPU: the C functions and stream counts
-    # the link chooses are that CPU's (`mlir` is the main module's: the last CPU's).
-    unlinked: str | None = None
+    # A --cpu-dispatch modules build's text for each CPU but the last, linked for that CPU (ukernels.link
+    # chooses the C functions and stream counts by CPU); `mlir` is the main module's, the last CPU's.
+    # Empty: not such a build, or no kernel calls (every module compiles `mlir`).
+    cpu_mlir: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,13 +249,14 @@ def lower_module(
         mlir = str(module)
         # cpus: llvm-cpu only; a --cpu-dispatch modules build's main .vmfb is its last CPU's alone (the others: below)
         linked = ukernels.link(mlir, arch=(target.cpus[-1] if target.cpu_modules else target.arch) if target.cpus else None)
-        relink = linked is not mlir and target.cpu_modules  # each other CPU's module is linked for that CPU
+        cpu_mlir = ({cpu: ukernels.link(mlir, arch=cpu) for cpu in target.cpus[:-1]}
+                    if linked is not mlir and target.cpu_modules else {})  # each other CPU's module, linked for it
         if dump is not None and linked is not mlir:
-            for cpu in target.cpus[:-1] if relink else ():  # before the main text, which stays the last dump
-                dump(f"cpu-kernels-{cpu}", lambda cpu=cpu: ukernels.link(mlir, arch=cpu))
+            for cpu, text in cpu_mlir.items():  # before the main text, which stays the last dump
+                dump(f"cpu-kernels-{cpu}", lambda text=text: text)
             dump("cpu-kernels", lambda: linked)  # the text iree-compile gets: the kernels' dispatches and executable
-        unlinked, mlir = (mlir if relink else None), linked
-    return Lowered(mlir, store, mutable, signatures, plan, target, unlinked)
+        mlir = linked
+    return Lowered(mlir, store, mutable, signatures, plan, target, cpu_mlir)
 
 
 _KEEP_F64 = "--iree-input-demote-f64-to-f32=false"
@@ -356,7 +357,7 @@ def write_artifact(
             for cpu in target.cpus[:-1]:
                 with phases.phase(f"iree-compile ({cpu})"):
                     path = tmp_dir / f"{cpu}.vmfb"
-                    text = lowered.mlir if lowered.unlinked is None else ukernels.link(lowered.unlinked, arch=cpu)
+                    text = lowered.cpu_mlir.get(cpu, lowered.mlir)
                     iree.compile_mlir(text, path, compile_flags(target.for_cpu(cpu), text),
                                       repro_dir=Path(repro_dir) if repro_dir else out_vmfb.parent, target_name=target.name)
                 cpu_modules[cpu] = f".{cpu}.vmfb"

@@ -342,28 +342,20 @@ def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
     return -(-per // step) * step
 
 
-def bf16_pair_min_k(arch: str | None) -> int:
-    """The bf16 matvec's `pair_min_k` for a module built for llvm-cpu `--arch arch`: its CPUs by the names
-    LLVM resolves them to (`host` is this machine's), as iree-compile reports them; None: the default."""
+def bf16_matvec(arch: str | None) -> tuple[int, str]:
+    """(pair_min_k, C function) of the bf16 one-row product in a module built for llvm-cpu `--arch arch`,
+    from its CPUs as iree-compile resolves them (`host` is this machine's; each CPU asked once). The stream
+    threshold: the CPUs' own by name (BF16_PAIR_MIN_K_BY_CPU), the default unless all agree. The function:
+    the AVX-512F form when every CPU has avx512f, else the AVX2 one. None: the defaults."""
     if not arch:
-        return BF16_PAIR_MIN_K
+        return BF16_PAIR_MIN_K, BF16_MATVEC_FUNCTION
     from llmc.compiler import targets
 
-    chosen = {BF16_PAIR_MIN_K_BY_CPU.get(targets.llvm_cpu_features(cpu)[0] or cpu, BF16_PAIR_MIN_K)
-              for cpu in targets.cpu_variants(arch)}
-    return chosen.pop() if len(chosen) == 1 else BF16_PAIR_MIN_K
-
-
-def bf16_matvec_function(arch: str | None) -> str:
-    """The C function a bf16 one-row product calls in a module built for llvm-cpu `--arch arch`: the
-    AVX-512F form when every CPU the module is built for has it, else the AVX2 one (None: the AVX2 one)."""
-    if not arch:
-        return BF16_MATVEC_FUNCTION
-    from llmc.compiler import targets
-
-    if all("avx512f" in targets.llvm_cpu_features(cpu)[1] for cpu in targets.cpu_variants(arch)):
-        return BF16_MATVEC_FUNCTION_AVX512
-    return BF16_MATVEC_FUNCTION
+    resolved = [targets.llvm_cpu_features(cpu) + (cpu,) for cpu in targets.cpu_variants(arch)]
+    chosen = {BF16_PAIR_MIN_K_BY_CPU.get(name or cpu, BF16_PAIR_MIN_K) for name, _, cpu in resolved}
+    wide = all("avx512f" in features for _, features, _ in resolved)
+    return (chosen.pop() if len(chosen) == 1 else BF16_PAIR_MIN_K,
+            BF16_MATVEC_FUNCTION_AVX512 if wide else BF16_MATVEC_FUNCTION)
 
 
 def _matvec_extra(kind: str) -> list[str]:
@@ -375,7 +367,7 @@ def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int |
                 pair_min_k: int = BF16_PAIR_MIN_K) -> str:
     """The body of a declared kernel function: a flow.dispatch of @matvec_<kind> (m None: x [1, K]) or
     @gemm_<kind> (x [m, K], m passed to the C function too; m "D": the row count is x's dynamic dim).
-    pair_min_k: the bf16 matvec's threshold for reading two groups side by side (bf16_pair_min_k)."""
+    pair_min_k: the bf16 matvec's threshold for reading two groups side by side (bf16_matvec)."""
     elem, group = (KINDS if m is None else GEMM_LAYOUTS)[kind]
     rows = 1 if m is None else "?" if m == "D" else m
     dims = "{%m}" if m == "D" else ""  # a dynamic tensor's size operand in flow.dispatch's type list
@@ -493,7 +485,7 @@ def _gemm_executable_parts(kind: str) -> tuple[str, str]:
 def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attention: tuple[str, ...] = (),
                 bf16_function: str = BF16_MATVEC_FUNCTION) -> str:
     """attention: the KV cache element types whose attention kernel the module calls (f32, bf16);
-    bf16_function: the C function the bf16 matvec calls (bf16_matvec_function)."""
+    bf16_function: the C function the bf16 matvec calls (bf16_matvec)."""
     exports, funcs = [], []
     for cache in attention:
         export, func = _attention_executable_parts(cache)
@@ -539,9 +531,8 @@ def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attenti
 
 def link(mlir: str, arch: str | None = None) -> str:
     """`mlir` with each kernel declaration given its dispatch body and the executable added; the
-    text unchanged when it declares none. arch: the module's llvm-cpu --arch, read (bf16_pair_min_k,
-    bf16_matvec_function) only where a bf16 one-row product needs its stream count and C function; None:
-    the defaults (AVX2)."""
+    text unchanged when it declares none. arch: the module's llvm-cpu --arch, read (bf16_matvec) only
+    where a bf16 one-row product needs its stream count and C function; None: the defaults (AVX2)."""
     found = list(_DECL.finditer(mlir))
     found_gemm = list(_GEMM_DECL.finditer(mlir))
     found_attn = list(_ATTN_DECL.finditer(mlir))
@@ -551,7 +542,7 @@ def link(mlir: str, arch: str | None = None) -> str:
                                                           int(m.group(8)) if m.group(8) else None, m.group(3) or "f32"), mlir)
     pair_min_k, bf16_function = BF16_PAIR_MIN_K, BF16_MATVEC_FUNCTION
     if any(m.group(3) == "bf16" for m in found):
-        pair_min_k, bf16_function = bf16_pair_min_k(arch), bf16_matvec_function(arch)
+        pair_min_k, bf16_function = bf16_matvec(arch)
     out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5)),
                                           pair_min_k=pair_min_k), mlir)
     out = _GEMM_DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(5)), int(m.group(6)),

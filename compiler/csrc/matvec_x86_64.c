@@ -260,10 +260,14 @@ static inline void bf16_groups(const float *restrict x, const uint16_t *restrict
  * and 1.074x at 1 thread, no clear change at 2 (docs/targets.md "cpu matvec kernels"). Not measured on an
  * Intel AVX-512 core (where 512-bit arithmetic can lower the clock). */
 
-#define LO512(w) _mm512_castsi512_ps(_mm512_slli_epi32((w), 16))
-#define HI512(w) _mm512_castsi512_ps(_mm512_and_si512((w), odd))
-#define LD512(q) _mm512_loadu_si512((const void *)(q))
+/* one K step of a group (the line at p) into the even channels' sums (lo) and the odd ones' (hi) */
+__attribute__((target("avx512f"))) static inline void bf16_fma_512(const uint16_t *p, __m512 x, __m512 *lo, __m512 *hi) {
+  __m512i w = _mm512_loadu_si512((const void *)p);
+  *lo = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), x, *lo);
+  *hi = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u))), x, *hi);
+}
 
+/* lo / hi: the even / odd channels' sums of a group -> y[0..32) in channel order */
 __attribute__((target("avx512f"))) static inline void bf16_store_512(float *y, __m512 lo, __m512 hi) {
   const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
@@ -271,10 +275,10 @@ __attribute__((target("avx512f"))) static inline void bf16_store_512(float *y, _
   _mm512_storeu_ps(y + 16, _mm512_permutex2var_ps(lo, second, hi));
 }
 
+/* even k into a0 / a1 (even / odd channels), odd k into c0 / c1, as the AVX2 loop's a and c */
 __attribute__((target("avx512f"))) static void bf16_groups_512(const float *restrict x, const uint16_t *restrict p,
                                                                float *restrict y, size_t k, size_t first, size_t count,
                                                                size_t pair_min_k) {
-  const __m512i odd = _mm512_set1_epi32((int)0xFFFF0000u);
   size_t b = first, end = first + count;
   for (; k >= pair_min_k && b + 2 <= end; b += 2) { /* two streams, as the AVX2 loop */
     const uint16_t *p0 = p + b * k * 32, *p1 = p0 + k * 32;
@@ -282,17 +286,15 @@ __attribute__((target("avx512f"))) static void bf16_groups_512(const float *rest
     size_t i = 0;
     for (; i + 2 <= k; i += 2) {
       __m512 x0 = _mm512_set1_ps(x[i]), x1 = _mm512_set1_ps(x[i + 1]);
-      __m512i w0 = LD512(p0 + i * 32), w1 = LD512(p0 + i * 32 + 32), u0 = LD512(p1 + i * 32), u1 = LD512(p1 + i * 32 + 32);
-      a0 = _mm512_fmadd_ps(LO512(w0), x0, a0), a1 = _mm512_fmadd_ps(HI512(w0), x0, a1);
-      d0 = _mm512_fmadd_ps(LO512(u0), x0, d0), d1 = _mm512_fmadd_ps(HI512(u0), x0, d1);
-      c0 = _mm512_fmadd_ps(LO512(w1), x1, c0), c1 = _mm512_fmadd_ps(HI512(w1), x1, c1);
-      e0 = _mm512_fmadd_ps(LO512(u1), x1, e0), e1 = _mm512_fmadd_ps(HI512(u1), x1, e1);
+      bf16_fma_512(p0 + i * 32, x0, &a0, &a1);
+      bf16_fma_512(p1 + i * 32, x0, &d0, &d1);
+      bf16_fma_512(p0 + i * 32 + 32, x1, &c0, &c1);
+      bf16_fma_512(p1 + i * 32 + 32, x1, &e0, &e1);
     }
     if (i < k) {
       __m512 x0 = _mm512_set1_ps(x[i]);
-      __m512i w0 = LD512(p0 + i * 32), u0 = LD512(p1 + i * 32);
-      a0 = _mm512_fmadd_ps(LO512(w0), x0, a0), a1 = _mm512_fmadd_ps(HI512(w0), x0, a1);
-      d0 = _mm512_fmadd_ps(LO512(u0), x0, d0), d1 = _mm512_fmadd_ps(HI512(u0), x0, d1);
+      bf16_fma_512(p0 + i * 32, x0, &a0, &a1);
+      bf16_fma_512(p1 + i * 32, x0, &d0, &d1);
     }
     bf16_store_512(y + b * 32, _mm512_add_ps(a0, c0), _mm512_add_ps(a1, c1));
     bf16_store_512(y + b * 32 + 32, _mm512_add_ps(d0, e0), _mm512_add_ps(d1, e1));
@@ -302,16 +304,10 @@ __attribute__((target("avx512f"))) static void bf16_groups_512(const float *rest
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, c0 = a0, c1 = a0;
     size_t i = 0;
     for (; i + 2 <= k; i += 2) {
-      __m512 x0 = _mm512_set1_ps(x[i]), x1 = _mm512_set1_ps(x[i + 1]);
-      __m512i w0 = LD512(p0 + i * 32), w1 = LD512(p0 + i * 32 + 32);
-      a0 = _mm512_fmadd_ps(LO512(w0), x0, a0), a1 = _mm512_fmadd_ps(HI512(w0), x0, a1);
-      c0 = _mm512_fmadd_ps(LO512(w1), x1, c0), c1 = _mm512_fmadd_ps(HI512(w1), x1, c1);
+      bf16_fma_512(p0 + i * 32, _mm512_set1_ps(x[i]), &a0, &a1);
+      bf16_fma_512(p0 + i * 32 + 32, _mm512_set1_ps(x[i + 1]), &c0, &c1);
     }
-    if (i < k) {
-      __m512 x0 = _mm512_set1_ps(x[i]);
-      __m512i w0 = LD512(p0 + i * 32);
-      a0 = _mm512_fmadd_ps(LO512(w0), x0, a0), a1 = _mm512_fmadd_ps(HI512(w0), x0, a1);
-    }
+    if (i < k) bf16_fma_512(p0 + i * 32, _mm512_set1_ps(x[i]), &a0, &a1);
     bf16_store_512(y + b * 32, _mm512_add_ps(a0, c0), _mm512_add_ps(a1, c1));
   }
 }

@@ -270,8 +270,9 @@ def test_each_cpu_module_links_the_kernels_its_cpu_runs_best(tmp_path, monkeypat
     with the weights rounded to bf16."""
     from llmc.compiler import iree, lower, ukernels
 
-    if ukernels.unavailable(targets.resolve("cpu", "x86-64-v3", "bf16")) is not None:
-        pytest.skip("no C kernels here: " + ukernels.unavailable(targets.resolve("cpu", "x86-64-v3", "bf16")))
+    why_not = ukernels.unavailable(targets.resolve("cpu", "x86-64-v3", "bf16"))
+    if why_not is not None:
+        pytest.skip("no C kernels here: " + why_not)
     texts, real = {}, iree.compile_mlir
 
     def spy(text, path, flags, **kw):

@@ -75,7 +75,7 @@ torch.export.save(torch.export.export(M(), (torch.tensor([3]),)), sys.argv[2])
 # KROW:        flow.dispatch @__llmc_kernels::@matvec_bf16
 # KROW:        func.call @llmc_matvec_bf16(
 
-# A module whose CPUs all have AVX-512F calls the loop's 512-bit form (compiler/ukernels.py bf16_matvec_function):
+# A module whose CPUs all have AVX-512F calls the loop's 512-bit form (compiler/ukernels.py bf16_matvec):
 # KROWV4:      %pairk = arith.constant 1024 : index
 # KROWV4:      flow.dispatch @__llmc_kernels::@matvec_bf16
 # KROWV4:      func.func private @llmc_matvec_bf16_avx512(
