@@ -206,7 +206,9 @@ def run_graph(plan: Plan, program: torch.export.ExportedProgram, entry: str = "m
     except Exception as e:
         raise PassError(f"decomposing the exported graph failed: {type(e).__name__}: {e}") from e
     if dump is not None:
-        dump(f"{entry}-decompose[{','.join(p.name for p in merged)}]", lambda: str(program.graph), ".txt")
+        # the passes merged into this one decomposition go in the file's first line: in its name they
+        # outgrew the file system's 255 bytes
+        dump(f"{entry}-decompose", lambda: f"# decomposition passes: {', '.join(p.name for p in merged)}\n{program.graph}", ".txt")
     for p in plan.graph:
         if p in merged or not p.applies(program):
             continue
