@@ -52,6 +52,7 @@ GRAPH_PASSES: list[str] = [
     "multinomial",  # aten.multinomial as inverse-CDF counts / Gumbel top-k (IREE fails on torch-mlir's dynamic form)
     "sort-by-rank",  # aten.sort/topk/kthvalue as comparison counts: IREE sorts an iota in place that it shares with equal aranges (iree#24665)
     "decode-attention-kernel",  # llvm-cpu with llmc's C kernels: a decode step's attention over the f32 cache as one C call
+    "chunk-attention-kernel",  # llvm-cpu with llmc's C kernels: a prefill chunk's attention over the cache as one C call
     "decompose-attention",  # llvm-cpu, SPIR-V: SDPA written out (decode steps as f32 multiply + sum); hip/cuda keep it whole
     "qdq-wide-float",  # PT2E int16/int32 quantize/dequantize as f32 math (the integer path is for 8-bit operands)
     "qdq-contractions",  # PT2E: each matmul/conv reads its dequantize directly (IREE then forms i8 x i8 -> i32); per-layer schemes for the manifest

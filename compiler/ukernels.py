@@ -54,6 +54,8 @@ SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
 OPERATOR_PREFIX = "torch.llmc.matvec_"
 ATTN_OPERATOR = "torch.llmc.attn_decode"  # a decode step's attention (passes/decode_attention_kernel.py)
 ATTN_DECL_PREFIX = "__llmc_attn_decode_"
+CHUNK_OPERATOR = "torch.llmc.attn_chunk"  # a prefill chunk's attention (passes/chunk_attention_kernel.py)
+CHUNK_DECL_PREFIX = "__llmc_attn_chunk_"
 GEMM_PREFIX = "torch.llmc.gemm_"  # many-row products (llmc::gemm_<kind>: prefill chunks and buckets, M fixed; the dynamic prefill, M from x)
 # kind -> (element type of the packed codes, output channels per group G: the passes pack that way)
 KINDS = {kind: (elem, KERNEL_GROUPS[kind]) for kind, elem in (("fp8", "i8"), ("int8", "i8"), ("bf16", "i16"))}
@@ -218,7 +220,7 @@ def lower_calls(module) -> int:
     from llmc.passes._base import vtensor_dims, walk_ops
 
     ops = [op for op in walk_ops(module, {"torch.operator"})
-           if ir.StringAttr(op.attributes["name"]).value.startswith((OPERATOR_PREFIX, GEMM_PREFIX, ATTN_OPERATOR))]
+           if ir.StringAttr(op.attributes["name"]).value.startswith((OPERATOR_PREFIX, GEMM_PREFIX, ATTN_OPERATOR, CHUNK_OPERATOR))]
     if not ops:
         return 0
     declared = set()
@@ -227,6 +229,9 @@ def lower_calls(module) -> int:
             op_name = ir.StringAttr(op.attributes["name"]).value
             if op_name.startswith(ATTN_OPERATOR):
                 _lower_attention(module, op, declared)
+                continue
+            if op_name.startswith(CHUNK_OPERATOR):
+                _lower_chunk_attention(module, op, declared)
                 continue
             gemm = op_name.startswith(GEMM_PREFIX)
             kind = op_name[len(GEMM_PREFIX if gemm else OPERATOR_PREFIX):].split(".")[0]
@@ -322,11 +327,46 @@ def _lower_attention(module, op, declared: set) -> None:
     _replace_with_call(module, op, name, [t_q, t_c, t_c, t_b], t_q, declared)
 
 
+def chunk_attention_declaration_name(hq: int, hk: int, c: int, cm: int, d: int, length: int | None = None,
+                                     cache: str = "f32") -> str:
+    """The declared prefill-chunk attention function: Hq query heads of C rows on Hk KV heads of a cache of
+    Cm rows, head size D; length: a static L (None: L from the bias's dim); cache: f32 or bf16."""
+    return (f"{CHUNK_DECL_PREFIX}{'' if cache == 'f32' else cache + '_'}{hq}x{hk}x{c}x{cm}x{d}"
+            + ("" if length is None else f"_L{length}"))
+
+
+def _lower_chunk_attention(module, op, declared: set) -> None:
+    """`llmc::attn_chunk(q [1, Hq, C, D], kc [1, Hk, Cm, D], vc, bias [1, 1, C, L])` -> a call of a declared
+    function on builtin tensors (L dynamic or static)."""
+    from torch_mlir import ir
+
+    from llmc.passes._base import vtensor_dims
+    from llmc.passes.chunk_attention_kernel import shape_refusal
+
+    q, kc, vc, bias = op.operands
+    (qs, qe), (ks, ke), (vs, ve), (bs, be) = (vtensor_dims(str(t.type)) for t in (q, kc, vc, bias))
+    ok = (len(qs) == 4 and len(ks) == 4 and len(bs) == 4 and (qe, be) == ("f32",) * 2 and ke == ve
+          and ke in ATTN_CACHE_ELEMENTS and ks == vs
+          and all(x.isdigit() for x in (*qs, *ks)) and qs[0] == ks[0] == "1" and qs[3] == ks[3]
+          and bs[:3] == ["1", "1", qs[2]])
+    hq, hk, c, cm, d = (int(x) for x in (qs[1], ks[1], qs[2], ks[2], qs[3])) if ok else (0, 1, 0, 0, 0)
+    if not ok or shape_refusal(hq, hk, d):
+        raise CompileError(f"llmc::attn_chunk takes q [1, Hq, C, D], caches [1, Hk, Cm, D] (f32 or bf16, both alike) and a "
+                           f"bias [1, 1, C, L], q and the bias f32, all static but L, heads the kernel holds "
+                           f"({shape_refusal(hq, hk, d) or 'these do'}); got {q.type}, {kc.type}, {vc.type}, {bias.type}")
+    length = int(bs[3]) if bs[3].isdigit() else None
+    name = chunk_attention_declaration_name(hq, hk, c, cm, d, length, ke)
+    t_q, t_c = ir.Type.parse(f"tensor<1x{hq}x{c}x{d}xf32>"), ir.Type.parse(f"tensor<1x{hk}x{cm}x{d}x{ke}>")
+    t_b = ir.Type.parse(f"tensor<1x1x{c}x{'?' if length is None else length}xf32>")
+    _replace_with_call(module, op, name, [t_q, t_c, t_c, t_b], t_q, declared)
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. on the text for iree-compile: bodies and the executable
 
 _DECL = re.compile(rf"^(\s*)func\.func private @({DECL_PREFIX}({'|'.join(KINDS)})_(\d+)x(\d+))\(.*$", re.M)
 _ATTN_DECL = re.compile(rf"^(\s*)func\.func private @({ATTN_DECL_PREFIX}(?:(bf16)_)?(\d+)x(\d+)x(\d+)x(\d+)(?:_L(\d+))?)\(.*$", re.M)
+_CHUNK_DECL = re.compile(rf"^(\s*)func\.func private @({CHUNK_DECL_PREFIX}(?:(bf16)_)?(\d+)x(\d+)x(\d+)x(\d+)x(\d+)(?:_L(\d+))?)\(.*$", re.M)
 _GEMM_DECL = re.compile(rf"^(\s*)func\.func private @({GEMM_DECL_PREFIX}({'|'.join(GEMM_KINDS)})_(\d+|D)x(\d+)x(\d+))\(.*$", re.M)
 
 
@@ -443,6 +483,70 @@ def _attention_executable_parts(cache: str = "f32") -> tuple[str, str]:
     return export, func
 
 
+def _chunk_export(cache: str) -> str:
+    """The executable export (and C function, llmc_ + it) of the chunk attention kernel over this cache element."""
+    return "attn_chunk" + ("" if cache == "f32" else "_" + cache)
+
+
+def _chunk_attention_definition(indent: str, name: str, hq: int, hk: int, c: int, cm: int, d: int, length: int | None,
+                                cache: str = "f32") -> str:
+    """The body of a declared chunk attention function: a flow.dispatch of @attn_chunk (@attn_chunk_bf16 over a
+    bf16 cache), a workgroup per KV head and block of query positions, L read from the bias."""
+    from llmc.passes.chunk_attention_kernel import rows_per_workgroup
+
+    tq, tc = f"tensor<1x{hq}x{c}x{d}xf32>", f"tensor<1x{hk}x{cm}x{d}x{cache}>"
+    tb = f"tensor<1x1x{c}x{'?' if length is None else length}xf32>"
+    g = hq // hk
+    rows = rows_per_workgroup(g, d)
+    row_count = (["  %c3 = arith.constant 3 : index", f"  %l = tensor.dim %b, %c3 : {tb}"] if length is None else
+                 [f"  %l = arith.constant {length} : index"])
+    dims = "{%l}" if length is None else ""
+    lines = [
+        f"func.func private @{name}(%q: {tq}, %k: {tc}, %v: {tc}, %b: {tb}) -> {tq} {{",
+        *row_count,
+        f"  %n = arith.constant {hk * -(-c // rows)} : index",
+        f"  %hk = arith.constant {hk} : index",
+        f"  %g = arith.constant {g} : index",
+        f"  %c = arith.constant {c} : index",
+        f"  %cm = arith.constant {cm} : index",
+        f"  %d = arith.constant {d} : index",
+        f"  %np = arith.constant {rows} : index",
+        f"  %y = flow.dispatch @{EXECUTABLE}::@{_chunk_export(cache)}[%n](%q, %k, %v, %b, %l, %hk, %g, %c, %cm, %d, %np) : "
+        f"({tq}, {tc}, {tc}, {tb}{dims}, index, index, index, index, index, index, index) -> {tq}",
+        f"  return %y : {tq}",
+        "}",
+    ]
+    return "\n".join(indent + line for line in lines)
+
+
+def _chunk_attention_executable_parts(cache: str = "f32") -> tuple[str, str]:
+    """The export and function of @attn_chunk (f32 cache) or @attn_chunk_bf16 (the cache as i16 bits)."""
+    fn, ce = _chunk_export(cache), ATTN_CACHE_ELEMENTS[cache]
+    export = f"""\
+  stream.executable.export public @{fn} workgroups(%n: index) -> (index, index, index) {{
+    %c1 = arith.constant 1 : index
+    stream.return %n, %c1, %c1 : index, index, index
+  }}"""
+    idx = ", ".join(["index"] * 7)
+    func = f"""\
+    func.func private @llmc_{fn}(memref<?xf32>, memref<?x{ce}>, memref<?x{ce}>, memref<?xf32>, memref<?xf32>, {idx}) attributes {{hal.import.static}}
+    func.func @{fn}(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bb: !stream.binding, %by: !stream.binding, %l: index, %hk: index, %g: index, %c: index, %cm: index, %d: index, %np: index) {{
+      %c0 = arith.constant 0 : index
+      %wg = stream.dispatch.workgroup.id[0] : index
+      %nqe = affine.apply affine_map<()[s0, s1, s2, s3] -> (s0 * s1 * s2 * s3)>()[%hk, %g, %c, %d]
+      %nke = affine.apply affine_map<()[s0, s1, s2] -> (s0 * s1 * s2)>()[%hk, %cm, %d]
+      %nb = affine.apply affine_map<()[s0, s1] -> (s0 * s1)>()[%c, %l]
+      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?xf32>{{%nqe}}
+      %k = stream.binding.subspan %bk[%c0] : !stream.binding -> memref<?x{ce}>{{%nke}}
+      %v = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?x{ce}>{{%nke}}
+      %b = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xf32>{{%nb}}
+      %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{{%nqe}}
+      func.call @llmc_{fn}(%q, %k, %v, %b, %y, %l, %g, %c, %cm, %d, %np, %wg) : (memref<?xf32>, memref<?x{ce}>, memref<?x{ce}>, memref<?xf32>, memref<?xf32>, {idx}) -> ()
+      return
+    }}"""
+    return export, func
+
+
 def _export(function: str) -> str:
     """An executable export whose workgroup count is ceil(groups / per), one dimension (every kernel's)."""
     return f"""\
@@ -483,12 +587,16 @@ def _gemm_executable_parts(kind: str) -> tuple[str, str]:
 
 
 def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attention: tuple[str, ...] = (),
-                bf16_function: str = BF16_MATVEC_FUNCTION) -> str:
-    """attention: the KV cache element types whose attention kernel the module calls (f32, bf16);
-    bf16_function: the C function the bf16 matvec calls (bf16_matvec)."""
+                bf16_function: str = BF16_MATVEC_FUNCTION, chunk_attention: tuple[str, ...] = ()) -> str:
+    """attention, chunk_attention: the KV cache element types whose decode-step or prefill-chunk attention
+    kernel the module calls (f32, bf16); bf16_function: the C function the bf16 matvec calls (bf16_matvec)."""
     exports, funcs = [], []
     for cache in attention:
         export, func = _attention_executable_parts(cache)
+        exports.append(export)
+        funcs.append(func)
+    for cache in chunk_attention:
+        export, func = _chunk_attention_executable_parts(cache)
         exports.append(export)
         funcs.append(func)
     for kind in gemm_kinds:
@@ -536,8 +644,11 @@ def link(mlir: str, arch: str | None = None) -> str:
     found = list(_DECL.finditer(mlir))
     found_gemm = list(_GEMM_DECL.finditer(mlir))
     found_attn = list(_ATTN_DECL.finditer(mlir))
-    if not found and not found_gemm and not found_attn:
+    found_chunk = list(_CHUNK_DECL.finditer(mlir))
+    if not found and not found_gemm and not found_attn and not found_chunk:
         return mlir
+    mlir = _CHUNK_DECL.sub(lambda m: _chunk_attention_definition(m.group(1), m.group(2), *(int(m.group(i)) for i in range(4, 9)),
+                                                               int(m.group(9)) if m.group(9) else None, m.group(3) or "f32"), mlir)
     mlir = _ATTN_DECL.sub(lambda m: _attention_definition(m.group(1), m.group(2), *(int(m.group(i)) for i in range(4, 8)),
                                                           int(m.group(8)) if m.group(8) else None, m.group(3) or "f32"), mlir)
     pair_min_k, bf16_function = BF16_PAIR_MIN_K, BF16_MATVEC_FUNCTION
@@ -551,4 +662,5 @@ def link(mlir: str, arch: str | None = None) -> str:
     return out[:end] + _executable(build_object(), sorted({m.group(3) for m in found}),
                                    sorted({m.group(3) for m in found_gemm}),
                                    attention=tuple(sorted({m.group(3) or "f32" for m in found_attn})),
-                                   bf16_function=bf16_function) + "\n" + out[end:]
+                                   bf16_function=bf16_function,
+                                   chunk_attention=tuple(sorted({m.group(3) or "f32" for m in found_chunk}))) + "\n" + out[end:]

@@ -665,3 +665,170 @@ void llmc_attn_decode_bf16(MEMREF(const float, q), MEMREF(const uint16_t, k), ME
   float kt[8 * ATTN_MAX_D] __attribute__((aligned(32)));
   attn_head(DATA(q) + h * g * d, DATA(k) + h * c * d, DATA(v) + h * c * d, DATA(bias), DATA(y) + h * g * d, l, g, d, 1, kt);
 }
+
+/* ---- prefill-chunk attention: C query rows per head over the first L rows of an f32 or bf16 KV cache ----
+ *
+ * llmc_attn_chunk(q, k, v, bias, y, l, g, c, cm, d, np, wg): for KV head h, its g query heads j and the
+ * query positions i of one block,
+ *   y[h g + j, i] = softmax_t(q[h g + j, i] . k[h, t] + bias[i, t]) @ v[h, t]    for t < l (q already scaled)
+ * q, y: [Hk * g, c, d]; k, v: the cache [Hk, cm, d] (rows l..cm-1 are not read); bias: [c, l], additive
+ * (-inf masks a key: the chunk's causal mask and padding). Workgroup wg: KV head wg / nb and positions
+ * np (wg % nb) .. + np - 1, nb = ceil(c / np); np is 8 or 16 (CHUNK_ROWS_D below bounds g np d).
+ * A workgroup's g np rows share every key block: the block's scores are computed for all rows (4 keys x
+ * 24 rows per register tile, q held transposed so that each key element is broadcast against 8 rows),
+ * kept transposed (st[t][r]: the softmax runs down 8 rows at a time), the softmax kept online per row
+ * (running maximum and sum, the outputs rescaled only when a maximum grows), then the weights times the
+ * block's values (6 rows x 16 columns a tile). No key block is transposed or copied (a bf16 one is
+ * widened 4 rows at a time). A row whose every key is masked gives 0, as PyTorch's SDPA does.
+ * llmc_attn_chunk_bf16: the same with k and v holding bf16 bits, each widened to f32 exactly. */
+
+#define CHUNK_KEYS 64      /* keys per block */
+#define CHUNK_MAX_ROWS 64  /* g np per workgroup */
+#define CHUNK_ROWS_D 4096  /* g np d per workgroup: q^T and the outputs, 16 KB of f32 each */
+
+static inline __attribute__((always_inline)) void attn_chunk_rows(const float *restrict q, const void *restrict k,
+    const void *restrict v, const float *restrict bias, float *restrict y, size_t l, size_t g, size_t c, size_t d,
+    size_t c0, size_t np, int bf16) {
+  const size_t R = g * np, RV = R / 8, npe = c - c0 < np ? c - c0 : np;
+  float qt[CHUNK_ROWS_D] __attribute__((aligned(32)));               /* q^T: qt[e R + r], r = j np + i */
+  float o[CHUNK_ROWS_D] __attribute__((aligned(32)));                /* outputs: o[r d + e] */
+  float st[CHUNK_KEYS * CHUNK_MAX_ROWS] __attribute__((aligned(32))); /* scores, then weights: st[t R + r] */
+  float bt[CHUNK_KEYS * 16] __attribute__((aligned(32)));            /* the block's bias: bt[t np + i] */
+  float kb[4 * CHUNK_ROWS_D / 8] __attribute__((aligned(32)));       /* 4 key rows as f32 (widened, or zeros past l) */
+  __m256 mx[CHUNK_MAX_ROWS / 8], sm[CHUNK_MAX_ROWS / 8];
+  for (size_t j = 0; j < g; j++)
+    for (size_t i = 0; i < np; i++)
+      for (size_t e = 0; e < d; e++) qt[e * R + j * np + i] = i < npe ? q[(j * c + c0 + i) * d + e] : 0.0f;
+  for (size_t x = 0; x < R * d; x += 8) _mm256_store_ps(o + x, _mm256_setzero_ps());
+  for (size_t x = 0; x < RV; x++) {
+    mx[x] = _mm256_set1_ps(-__builtin_inff());
+    sm[x] = _mm256_setzero_ps();
+  }
+  for (size_t t0 = 0; t0 < l; t0 += CHUNK_KEYS) {
+    const size_t n = l - t0 < CHUNK_KEYS ? l - t0 : CHUNK_KEYS;
+    /* scores, 4 keys at a time (the last 4 padded with zero rows) */
+    for (size_t t = 0; t < n; t += 4) {
+      const float *kr[4];
+      if (bf16 || t + 4 > n) {
+        for (size_t u = 0; u < 4; u++)
+          for (size_t e = 0; e < d; e += 8)
+            _mm256_store_ps(kb + u * d + e, t + u >= n ? _mm256_setzero_ps() : kv_load(k, (t0 + t + u) * d + e, bf16));
+        for (size_t u = 0; u < 4; u++) kr[u] = kb + u * d;
+      } else {
+        for (size_t u = 0; u < 4; u++) kr[u] = (const float *)k + (t0 + t + u) * d;
+      }
+      size_t rv = 0;
+      for (; rv + 3 <= RV; rv += 3) {
+        __m256 a[4][3];
+        for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = a[u][2] = _mm256_setzero_ps();
+        for (size_t e = 0; e < d; e++) {
+          const float *qe = qt + e * R + rv * 8;
+          __m256 q0 = _mm256_load_ps(qe), q1 = _mm256_load_ps(qe + 8), q2 = _mm256_load_ps(qe + 16);
+          for (int u = 0; u < 4; u++) {
+            __m256 ku = _mm256_broadcast_ss(kr[u] + e);
+            a[u][0] = _mm256_fmadd_ps(ku, q0, a[u][0]);
+            a[u][1] = _mm256_fmadd_ps(ku, q1, a[u][1]);
+            a[u][2] = _mm256_fmadd_ps(ku, q2, a[u][2]);
+          }
+        }
+        for (int u = 0; u < 4; u++)
+          for (int w = 0; w < 3; w++) _mm256_store_ps(st + (t + u) * R + (rv + w) * 8, a[u][w]);
+      }
+      for (; rv < RV; rv++) {
+        __m256 a[4];
+        for (int u = 0; u < 4; u++) a[u] = _mm256_setzero_ps();
+        for (size_t e = 0; e < d; e++) {
+          __m256 q0 = _mm256_load_ps(qt + e * R + rv * 8);
+          for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(_mm256_broadcast_ss(kr[u] + e), q0, a[u]);
+        }
+        for (int u = 0; u < 4; u++) _mm256_store_ps(st + (t + u) * R + rv * 8, a[u]);
+      }
+    }
+    /* the block's bias, transposed; positions past c masked whole (computed, never stored) */
+    for (size_t i = 0; i < np; i++)
+      for (size_t t = 0; t < n; t++) bt[t * np + i] = i < npe ? bias[(c0 + i) * l + t0 + t] : -__builtin_inff();
+    /* online softmax, 8 rows at a time (np is a multiple of 8, so 8 rows are one query head's positions) */
+    const __m256 ninf = _mm256_set1_ps(-__builtin_inff()), one = _mm256_set1_ps(1.0f);
+    for (size_t rv = 0; rv < RV; rv++) {
+      const float *b = bt + (rv * 8) % np;
+      __m256 m = mx[rv];
+      for (size_t t = 0; t < n; t++) {
+        __m256 s = _mm256_add_ps(_mm256_load_ps(st + t * R + rv * 8), _mm256_loadu_ps(b + t * np));
+        _mm256_store_ps(st + t * R + rv * 8, s);
+        m = _mm256_max_ps(m, s);
+      }
+      /* a row whose keys so far are all masked keeps maximum -inf: its weights come out 0 against 0 */
+      __m256 safe = _mm256_blendv_ps(m, _mm256_setzero_ps(), _mm256_cmp_ps(m, ninf, _CMP_EQ_OQ));
+      __m256 alpha = exp_neg(_mm256_sub_ps(mx[rv], safe));
+      mx[rv] = m;
+      __m256 s = _mm256_setzero_ps();
+      for (size_t t = 0; t < n; t++) {
+        __m256 w = exp_neg(_mm256_sub_ps(_mm256_load_ps(st + t * R + rv * 8), safe));
+        _mm256_store_ps(st + t * R + rv * 8, w);
+        s = _mm256_add_ps(s, w);
+      }
+      sm[rv] = _mm256_fmadd_ps(sm[rv], alpha, s);
+      if (_mm256_movemask_ps(_mm256_cmp_ps(alpha, one, _CMP_NEQ_UQ)) == 0) continue; /* no maximum grew */
+      float al[8] __attribute__((aligned(32)));
+      _mm256_store_ps(al, alpha);
+      for (int w = 0; w < 8; w++) {
+        __m256 a = _mm256_set1_ps(al[w]);
+        float *orow = o + (rv * 8 + w) * d;
+        for (size_t e = 0; e < d; e += 8) _mm256_store_ps(orow + e, _mm256_mul_ps(_mm256_load_ps(orow + e), a));
+      }
+    }
+    /* outputs += weights @ the block's values, 6 rows x 16 columns a tile (d is a multiple of 16) */
+    size_t r = 0;
+    for (; r + 6 <= R; r += 6)
+      for (size_t e = 0; e < d; e += 16) {
+        __m256 a[6][2];
+        for (int u = 0; u < 6; u++) {
+          a[u][0] = _mm256_load_ps(o + (r + u) * d + e);
+          a[u][1] = _mm256_load_ps(o + (r + u) * d + e + 8);
+        }
+        for (size_t t = 0; t < n; t++) {
+          __m256 v0 = kv_load(v, (t0 + t) * d + e, bf16), v1 = kv_load(v, (t0 + t) * d + e + 8, bf16);
+          const float *p = st + t * R + r;
+          for (int u = 0; u < 6; u++) {
+            __m256 pu = _mm256_broadcast_ss(p + u);
+            a[u][0] = _mm256_fmadd_ps(pu, v0, a[u][0]);
+            a[u][1] = _mm256_fmadd_ps(pu, v1, a[u][1]);
+          }
+        }
+        for (int u = 0; u < 6; u++) {
+          _mm256_store_ps(o + (r + u) * d + e, a[u][0]);
+          _mm256_store_ps(o + (r + u) * d + e + 8, a[u][1]);
+        }
+      }
+    for (; r < R; r++)
+      for (size_t e = 0; e < d; e += 8) {
+        __m256 a = _mm256_load_ps(o + r * d + e);
+        for (size_t t = 0; t < n; t++) a = _mm256_fmadd_ps(_mm256_broadcast_ss(st + t * R + r), kv_load(v, (t0 + t) * d + e, bf16), a);
+        _mm256_store_ps(o + r * d + e, a);
+      }
+  }
+  float sv[CHUNK_MAX_ROWS] __attribute__((aligned(32)));
+  for (size_t rv = 0; rv < RV; rv++) _mm256_store_ps(sv + rv * 8, sm[rv]);
+  for (size_t j = 0; j < g; j++)
+    for (size_t i = 0; i < npe; i++) {
+      const size_t r = j * np + i;
+      __m256 inv = _mm256_set1_ps(sv[r] > 0.0f ? 1.0f / sv[r] : 0.0f); /* every key masked: 0 */
+      for (size_t e = 0; e < d; e += 8) _mm256_storeu_ps(y + (j * c + c0 + i) * d + e, _mm256_mul_ps(_mm256_load_ps(o + r * d + e), inv));
+    }
+}
+
+void llmc_attn_chunk(MEMREF(const float, q), MEMREF(const float, k), MEMREF(const float, v), MEMREF(const float, bias),
+                     MEMREF(float, y), size_t l, size_t g, size_t c, size_t cm, size_t d, size_t np, size_t wg) {
+  const size_t nb = (c + np - 1) / np, h = wg / nb, c0 = wg % nb * np;
+  attn_chunk_rows(DATA(q) + h * g * c * d, DATA(k) + h * cm * d, DATA(v) + h * cm * d, DATA(bias),
+                  DATA(y) + h * g * c * d, l, g, c, d, c0, np, 0);
+}
+
+/* the same over a bf16 cache (--kv-dtype bf16) */
+void llmc_attn_chunk_bf16(MEMREF(const float, q), MEMREF(const uint16_t, k), MEMREF(const uint16_t, v),
+                          MEMREF(const float, bias), MEMREF(float, y), size_t l, size_t g, size_t c, size_t cm, size_t d,
+                          size_t np, size_t wg) {
+  const size_t nb = (c + np - 1) / np, h = wg / nb, c0 = wg % nb * np;
+  attn_chunk_rows(DATA(q) + h * g * c * d, DATA(k) + h * cm * d, DATA(v) + h * cm * d, DATA(bias),
+                  DATA(y) + h * g * c * d, l, g, c, d, c0, np, 1);
+}

@@ -489,3 +489,89 @@ def test_import_takes_an_attention_op_and_refuses_shapes_the_kernel_cannot_hold(
     with pytest.raises(CompileError, match=r"got .*\[1,2,16,16\],bf16>, !torch.vtensor<\[1,2,16,16\],f32>"):
         importer.import_programs([(export.Exported(_attention_program(8, 2, 16, (torch.bfloat16, torch.float32)), ""), "main")])
 
+
+
+# ---- the prefill-chunk attention kernel (passes/chunk_attention_kernel.py) ----
+
+def _chunk_module(hq: int, hk: int, c: int, cm: int, d: int, length: int | None, cache: str = "f32") -> str:
+    """main(q, kc, vc, bias) calling the declared chunk attention function as llmc's import makes it (length
+    None: L dynamic; a bf16 cache comes in as i16 bits, as in _attention_module)."""
+    name = ukernels.chunk_attention_declaration_name(hq, hk, c, cm, d, length, cache)
+    tq, tc = f"tensor<1x{hq}x{c}x{d}xf32>", f"tensor<1x{hk}x{cm}x{d}x{cache}>"
+    tb = f"tensor<1x1x{c}x{'?' if length is None else length}xf32>"
+    ti = tc if cache == "f32" else f"tensor<1x{hk}x{cm}x{d}xi16>"
+    cast = "" if cache == "f32" else (f"    %kb = arith.bitcast %k : {ti} to {tc}\n    %vb = arith.bitcast %v : {ti} to {tc}\n")
+    k, v = ("%k", "%v") if cache == "f32" else ("%kb", "%vb")
+    return (f"module {{\n  func.func private @{name}({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
+            f"  func.func @main(%q: {tq}, %k: {ti}, %v: {ti}, %b: {tb}) -> {tq} {{\n{cast}"
+            f"    %y = func.call @{name}(%q, {k}, {v}, %b) : ({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
+            f"    return %y : {tq}\n  }}\n}}\n")
+
+
+# (Hq, Hk, C, cache rows, D, L, static L, cache dtype): small-125m's 64-token chunk after 66 cached rows (two key
+# blocks, the second of 2 rows: a tail of keys under 4); 20 positions (16 a workgroup: the second block of
+# positions 4 long, the rest padding); 8B-like heads (32 on 8, D 128: 8 positions a workgroup) over 3 key blocks
+# and a bit; one query head per KV head, 2 positions; a static L; and the bf16-cache kernel on the first three
+@pytest.mark.parametrize("hq, hk, c, cm, d, length, static, cache", [
+    (12, 4, 64, 168, 64, 130, False, "f32"), (6, 2, 20, 80, 16, 75, False, "f32"), (32, 8, 24, 220, 128, 197, False, "f32"),
+    (4, 4, 2, 24, 32, 24, True, "f32"),
+    (12, 4, 64, 168, 64, 130, False, "bf16"), (6, 2, 20, 80, 16, 75, False, "bf16"), (32, 8, 24, 220, 128, 197, False, "bf16")])
+def test_compiled_chunk_attention_kernel_matches_torch(tmp_path, hq, hk, c, cm, d, length, static, cache):
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, hq, c, d, generator=g) * d**-0.5
+    kc, vc = torch.randn(1, hk, cm, d, generator=g) * 2, torch.randn(1, hk, cm, d, generator=g)
+    if cache == "bf16":
+        kc, vc = kc.bfloat16(), vc.bfloat16()
+    # the chunk's mask: position i (at length - c + i) sees keys up to its own; keys 1, 4, 7, ... padding; a
+    # score far above the rest in the last key block (a running maximum that grows late)
+    keep = torch.arange(length)[None] <= torch.arange(length - c, length)[:, None]
+    keep[:, 1::3] = False
+    bias = torch.where(keep, 0.0, float("-inf"))[None, None]
+    bias[..., 0, :] = float("-inf")  # position 0 keeps no key: its output is 0
+    bias[..., 1:, length - c] = 4.0
+    caches = (kc, vc) if cache == "f32" else (kc.view(torch.int16), vc.view(torch.int16))
+    got = _run_module(tmp_path, ukernels.link(_chunk_module(hq, hk, c, cm, d, length if static else None, cache)), q, *caches, bias)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kc[:, :, :length].double(), vc[:, :, :length].double(),
+                                                            attn_mask=bias.double(), scale=1.0, enable_gqa=True).nan_to_num(0.0)
+    assert got.shape == want.shape
+    assert bool((got[:, :, 0] == 0).all())
+    # f32 scores over D, an exp within 2^-23 relative, f32 sums over L keys: a few ulp of the largest
+    # output; a wrong head, position, key block or mask row is off by the values themselves
+    err = float((got.double() - want).abs().max())
+    assert err < 1e-5 * max(1.0, float(want.abs().max())), err
+    from llmc.passes.chunk_attention_kernel import attn_chunk
+
+    eager = attn_chunk(q, kc, vc, bias).double()
+    assert bool((eager[:, :, 0] == 0).all())
+    assert torch.allclose(eager, want, atol=1e-5)
+
+
+def _chunk_program(hq: int, hk: int, d: int, caches=(torch.float32, torch.float32)):
+    class Chunk(torch.nn.Module):
+        def forward(self, q, kc, vc, bias):
+            return torch.ops.llmc.attn_chunk(q, kc, vc, bias)
+
+    import llmc.passes.chunk_attention_kernel  # noqa: F401  (defines llmc::attn_chunk)
+
+    args = (torch.randn(1, hq, 4, d), torch.randn(1, hk, 16, d, dtype=caches[0]), torch.randn(1, hk, 16, d, dtype=caches[1]),
+            torch.zeros(1, 1, 4, 5))
+    return torch.export.export(Chunk(), args)
+
+
+def test_import_takes_a_chunk_attention_op_and_refuses_shapes_the_kernel_cannot_hold():
+    """The op imports as a call of the declared function; heads whose rows would overrun the kernel's stack
+    arrays (9 per KV head; 8 x 8 x D 128 > 4096) or a head size not a multiple of 16 are a clear compile error."""
+    from llmc.compiler import export, importer
+
+    module, *_ = importer.import_programs([(export.Exported(_chunk_program(8, 2, 32), ""), "main")])
+    name = ukernels.chunk_attention_declaration_name(8, 2, 4, 16, 32, 5)
+    assert (f"func.func private @{name}(tensor<1x8x4x32xf32>, tensor<1x2x16x32xf32>, tensor<1x2x16x32xf32>, "
+            "tensor<1x1x4x5xf32>) -> tensor<1x8x4x32xf32>") in str(module)
+    module, *_ = importer.import_programs([(export.Exported(_chunk_program(8, 2, 32, (torch.bfloat16,) * 2), ""), "main")])
+    assert f"@{ukernels.chunk_attention_declaration_name(8, 2, 4, 16, 32, 5, 'bf16')}(" in str(module)
+    for hq, hk, d in ((9, 1, 16), (8, 1, 128), (2, 2, 24)):
+        with pytest.raises(CompileError) as e:
+            importer.import_programs([(export.Exported(_chunk_program(hq, hk, d), ""), "main")])
+        assert str(e.value).startswith("llmc::attn_chunk takes q [1, Hq, C, D], caches [1, Hk, Cm, D]"), str(e.value)
+        assert f"{hq} query heads on {hk}, head size {d}" in str(e.value)
+        assert e.value.exit_code == 3

@@ -108,6 +108,11 @@ def test_manifest_records_the_chunk(setup):
     assert mask["shape"][0] == 1 and mask["shape"][1]["min"] == CHUNK and mask["shape"][1]["max"] == MAX_SEQ
     info = llmc_in_process("info", root / "c.vmfb")
     assert f"prefill:  chunks of {CHUNK} tokens" in info.stdout, info.stdout + info.stderr
+    # where llmc's C kernels serve, the chunk's attention is their call (passes/chunk_attention_kernel.py), so
+    # the tests below check that kernel against transformers and the dynamic prefill
+    rewrote = {p["name"]: p.get("rewrote") for p in m["passes"]}.get("chunk-attention-kernel")
+    if ukernels.unavailable(targets.resolve("cpu", ARCH, "f32")) is None:
+        assert rewrote, m["passes"]
 
 
 @pytest.mark.parametrize("n, entry", [(5, "prefill"), (8, "prefill_chunk"), (9, "prefill_chunk"), (19, "prefill_chunk")])

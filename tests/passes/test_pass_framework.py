@@ -44,7 +44,8 @@ def test_gating_follows_typed_caps():
     no_kernels = ukernels.unavailable(cpu_target)  # the attention kernel's gate: a C compiler, AVX2 + FMA
     assert cpu.skipped == [
         {"name": "retarget-casts", "reason": "needs dtype f16/bf16/fp8/int8, compiling f32"},
-        *([{"name": "decode-attention-kernel", "reason": no_kernels}] if no_kernels else []),
+        *([{"name": "decode-attention-kernel", "reason": no_kernels},
+           {"name": "chunk-attention-kernel", "reason": no_kernels}] if no_kernels else []),
         {"name": "qdq-float", "reason": "arch host lowers int8 contractions in integer arithmetic (it has int64); --int8-math float forces this form"},
         {"name": "bf16-weights", "reason": "needs dtype bf16, compiling f32"},
         {"name": "fp8-weights", "reason": "needs dtype fp8, compiling f32"},
@@ -54,7 +55,7 @@ def test_gating_follows_typed_caps():
     ]
     vk = pipeline.build(targets.resolve("vulkan", None, "bf16"))
     assert [p.name for p in vk.graph] == ungated(vk) and "bf16-weights" in ungated(vk)
-    assert [s["name"] for s in vk.skipped] == ["vecmat-as-mv", "decode-attention-kernel", "qdq-float", "fp8-weights", "int8-weights", "f32-gemm-weights", "bf16-outputs",
+    assert [s["name"] for s in vk.skipped] == ["vecmat-as-mv", "decode-attention-kernel", "chunk-attention-kernel", "qdq-float", "fp8-weights", "int8-weights", "f32-gemm-weights", "bf16-outputs",
                                                "log10-to-log", "f64-math"]
     # the int8 fallback follows the arch's int64 capability, or the int8_math option
     mali = pipeline.build(targets.resolve("vulkan", "valhall4", "f32"))
