@@ -686,6 +686,50 @@ void llmc_attn_decode_bf16(MEMREF(const float, q), MEMREF(const uint16_t, k), ME
 #define CHUNK_MAX_ROWS 64  /* g np per workgroup */
 #define CHUNK_ROWS_D 4096  /* g np d per workgroup: q^T and the outputs, 16 KB of f32 each */
 
+/* scores of 4 keys (rows kr) against W vectors of 8 rows from row vector rv: st[t + u][8 (rv + w) ..] */
+static inline __attribute__((always_inline)) void chunk_scores(float *restrict st, const float *restrict qt,
+    const float *const kr[4], size_t R, size_t d, size_t t, size_t rv, const int W) {
+  __m256 a[4][3];
+  for (int u = 0; u < 4; u++)
+    for (int w = 0; w < W; w++) a[u][w] = _mm256_setzero_ps();
+  for (size_t e = 0; e < d; e++) {
+    const float *qe = qt + e * R + rv * 8;
+    __m256 qv[3];
+    for (int w = 0; w < W; w++) qv[w] = _mm256_load_ps(qe + 8 * w);
+    for (int u = 0; u < 4; u++) {
+      __m256 ku = _mm256_broadcast_ss(kr[u] + e);
+      for (int w = 0; w < W; w++) a[u][w] = _mm256_fmadd_ps(ku, qv[w], a[u][w]);
+    }
+  }
+  for (int u = 0; u < 4; u++)
+    for (int w = 0; w < W; w++) _mm256_store_ps(st + (t + u) * R + (rv + w) * 8, a[u][w]);
+}
+
+/* rows r .. r + U - 1 of the outputs += their weights over the block's n keys @ the block's value rows */
+static inline __attribute__((always_inline)) void chunk_values(float *restrict o, const float *restrict st,
+    const void *restrict v, size_t R, size_t d, size_t r, size_t t0, size_t n, const int U, int bf16) {
+  for (size_t e = 0; e < d; e += 16) {
+    __m256 a[6][2];
+    for (int u = 0; u < U; u++) {
+      a[u][0] = _mm256_load_ps(o + (r + u) * d + e);
+      a[u][1] = _mm256_load_ps(o + (r + u) * d + e + 8);
+    }
+    for (size_t t = 0; t < n; t++) {
+      __m256 v0 = kv_load(v, (t0 + t) * d + e, bf16), v1 = kv_load(v, (t0 + t) * d + e + 8, bf16);
+      const float *p = st + t * R + r;
+      for (int u = 0; u < U; u++) {
+        __m256 pu = _mm256_broadcast_ss(p + u);
+        a[u][0] = _mm256_fmadd_ps(pu, v0, a[u][0]);
+        a[u][1] = _mm256_fmadd_ps(pu, v1, a[u][1]);
+      }
+    }
+    for (int u = 0; u < U; u++) {
+      _mm256_store_ps(o + (r + u) * d + e, a[u][0]);
+      _mm256_store_ps(o + (r + u) * d + e + 8, a[u][1]);
+    }
+  }
+}
+
 static inline __attribute__((always_inline)) void attn_chunk_rows(const float *restrict q, const void *restrict k,
     const void *restrict v, const float *restrict bias, float *restrict y, size_t l, size_t g, size_t c, size_t d,
     size_t c0, size_t np, int bf16) {
@@ -718,31 +762,9 @@ static inline __attribute__((always_inline)) void attn_chunk_rows(const float *r
         for (size_t u = 0; u < 4; u++) kr[u] = (const float *)k + (t0 + t + u) * d;
       }
       size_t rv = 0;
-      for (; rv + 3 <= RV; rv += 3) {
-        __m256 a[4][3];
-        for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = a[u][2] = _mm256_setzero_ps();
-        for (size_t e = 0; e < d; e++) {
-          const float *qe = qt + e * R + rv * 8;
-          __m256 q0 = _mm256_load_ps(qe), q1 = _mm256_load_ps(qe + 8), q2 = _mm256_load_ps(qe + 16);
-          for (int u = 0; u < 4; u++) {
-            __m256 ku = _mm256_broadcast_ss(kr[u] + e);
-            a[u][0] = _mm256_fmadd_ps(ku, q0, a[u][0]);
-            a[u][1] = _mm256_fmadd_ps(ku, q1, a[u][1]);
-            a[u][2] = _mm256_fmadd_ps(ku, q2, a[u][2]);
-          }
-        }
-        for (int u = 0; u < 4; u++)
-          for (int w = 0; w < 3; w++) _mm256_store_ps(st + (t + u) * R + (rv + w) * 8, a[u][w]);
-      }
-      for (; rv < RV; rv++) {
-        __m256 a[4];
-        for (int u = 0; u < 4; u++) a[u] = _mm256_setzero_ps();
-        for (size_t e = 0; e < d; e++) {
-          __m256 q0 = _mm256_load_ps(qt + e * R + rv * 8);
-          for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(_mm256_broadcast_ss(kr[u] + e), q0, a[u]);
-        }
-        for (int u = 0; u < 4; u++) _mm256_store_ps(st + (t + u) * R + rv * 8, a[u]);
-      }
+      for (; rv + 3 <= RV; rv += 3) chunk_scores(st, qt, kr, R, d, t, rv, 3);
+      if (RV - rv == 2) chunk_scores(st, qt, kr, R, d, t, rv, 2);
+      else if (RV - rv == 1) chunk_scores(st, qt, kr, R, d, t, rv, 1);
     }
     /* the block's bias, transposed; positions past c masked whole (computed, never stored) */
     for (size_t i = 0; i < np; i++)
@@ -777,35 +799,12 @@ static inline __attribute__((always_inline)) void attn_chunk_rows(const float *r
         for (size_t e = 0; e < d; e += 8) _mm256_store_ps(orow + e, _mm256_mul_ps(_mm256_load_ps(orow + e), a));
       }
     }
-    /* outputs += weights @ the block's values, 6 rows x 16 columns a tile (d is a multiple of 16) */
+    /* outputs += weights @ the block's values: 6 rows x 16 columns a tile, then 4 or 2 rows (R is a
+     * multiple of 8; d of 16) */
     size_t r = 0;
-    for (; r + 6 <= R; r += 6)
-      for (size_t e = 0; e < d; e += 16) {
-        __m256 a[6][2];
-        for (int u = 0; u < 6; u++) {
-          a[u][0] = _mm256_load_ps(o + (r + u) * d + e);
-          a[u][1] = _mm256_load_ps(o + (r + u) * d + e + 8);
-        }
-        for (size_t t = 0; t < n; t++) {
-          __m256 v0 = kv_load(v, (t0 + t) * d + e, bf16), v1 = kv_load(v, (t0 + t) * d + e + 8, bf16);
-          const float *p = st + t * R + r;
-          for (int u = 0; u < 6; u++) {
-            __m256 pu = _mm256_broadcast_ss(p + u);
-            a[u][0] = _mm256_fmadd_ps(pu, v0, a[u][0]);
-            a[u][1] = _mm256_fmadd_ps(pu, v1, a[u][1]);
-          }
-        }
-        for (int u = 0; u < 6; u++) {
-          _mm256_store_ps(o + (r + u) * d + e, a[u][0]);
-          _mm256_store_ps(o + (r + u) * d + e + 8, a[u][1]);
-        }
-      }
-    for (; r < R; r++)
-      for (size_t e = 0; e < d; e += 8) {
-        __m256 a = _mm256_load_ps(o + r * d + e);
-        for (size_t t = 0; t < n; t++) a = _mm256_fmadd_ps(_mm256_broadcast_ss(st + t * R + r), kv_load(v, (t0 + t) * d + e, bf16), a);
-        _mm256_store_ps(o + r * d + e, a);
-      }
+    for (; r + 6 <= R; r += 6) chunk_values(o, st, v, R, d, r, t0, n, 6, bf16);
+    if (R - r == 4) chunk_values(o, st, v, R, d, r, t0, n, 4, bf16);
+    else if (R - r == 2) chunk_values(o, st, v, R, d, r, t0, n, 2, bf16);
   }
   float sv[CHUNK_MAX_ROWS] __attribute__((aligned(32)));
   for (size_t rv = 0; rv < RV; rv++) _mm256_store_ps(sv + rv * 8, sm[rv]);

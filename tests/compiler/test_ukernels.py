@@ -511,10 +511,11 @@ def _chunk_module(hq: int, hk: int, c: int, cm: int, d: int, length: int | None,
 # (Hq, Hk, C, cache rows, D, L, static L, cache dtype): small-125m's 64-token chunk after 66 cached rows (two key
 # blocks, the second of 2 rows: a tail of keys under 4); 20 positions (16 a workgroup: the second block of
 # positions 4 long, the rest padding); 8B-like heads (32 on 8, D 128: 8 positions a workgroup) over 3 key blocks
-# and a bit; one query head per KV head, 2 positions; a static L; and the bf16-cache kernel on the first three
+# and a bit; one query head per KV head, 2 positions, a static L; 1B-like heads (32 on 8, D 64: 64 rows a
+# workgroup, tiles of 6 rows and one of 4); and the bf16-cache kernel on the first three
 @pytest.mark.parametrize("hq, hk, c, cm, d, length, static, cache", [
     (12, 4, 64, 168, 64, 130, False, "f32"), (6, 2, 20, 80, 16, 75, False, "f32"), (32, 8, 24, 220, 128, 197, False, "f32"),
-    (4, 4, 2, 24, 32, 24, True, "f32"),
+    (4, 4, 2, 24, 32, 24, True, "f32"), (32, 8, 64, 100, 64, 90, False, "f32"),
     (12, 4, 64, 168, 64, 130, False, "bf16"), (6, 2, 20, 80, 16, 75, False, "bf16"), (32, 8, 24, 220, 128, 197, False, "bf16")])
 def test_compiled_chunk_attention_kernel_matches_torch(tmp_path, hq, hk, c, cm, d, length, static, cache):
     g = torch.Generator().manual_seed(7)
