@@ -350,10 +350,11 @@ def _lower_chunk_attention(module, op, declared: set) -> None:
           and all(x.isdigit() for x in (*qs, *ks)) and qs[0] == ks[0] == "1" and qs[3] == ks[3]
           and bs[:3] == ["1", "1", qs[2]])
     hq, hk, c, cm, d = (int(x) for x in (qs[1], ks[1], qs[2], ks[2], qs[3])) if ok else (0, 1, 0, 0, 0)
-    if not ok or shape_refusal(hq, hk, d):
+    why = shape_refusal(hq, hk, d) if ok else None
+    if not ok or why:
         raise CompileError(f"llmc::attn_chunk takes q [1, Hq, C, D], caches [1, Hk, Cm, D] (f32 or bf16, both alike) and a "
-                           f"bias [1, 1, C, L], q and the bias f32, all static but L, heads the kernel holds "
-                           f"({shape_refusal(hq, hk, d) or 'these do'}); got {q.type}, {kc.type}, {vc.type}, {bias.type}")
+                           f"bias [1, 1, C, L], q and the bias f32, all static but L, heads the kernel holds"
+                           f"{f' (not {why})' if why else ''}; got {q.type}, {kc.type}, {vc.type}, {bias.type}")
     length = int(bs[3]) if bs[3].isdigit() else None
     name = chunk_attention_declaration_name(hq, hk, c, cm, d, length, ke)
     t_q, t_c = ir.Type.parse(f"tensor<1x{hq}x{c}x{d}xf32>"), ir.Type.parse(f"tensor<1x{hk}x{cm}x{d}x{ke}>")

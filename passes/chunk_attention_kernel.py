@@ -101,7 +101,7 @@ def _refusal(node) -> str | None:
         return "k/v not the first rows of a cache"
     tkc, tvc = kc.meta.get("val"), vc.meta.get("val")
     hq, c, d = tq.shape[1], tq.shape[2], tq.shape[3]
-    if tkc is None or tvc is None or tkc.shape != tvc.shape or tkc.dim() != 4 or tkc.shape[3] != d:
+    if tkc is None or tvc is None or tkc.shape != tvc.shape or tkc.dim() != 4 or tkc.shape[0] != 1 or tkc.shape[3] != d:
         return "cache shapes"
     if tkc.dtype != tvc.dtype or tkc.dtype not in CACHE_DTYPES:
         return f"caches {tkc.dtype} and {tvc.dtype} (the kernel: both f32 or both bf16)"

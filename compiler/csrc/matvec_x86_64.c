@@ -532,7 +532,8 @@ GEMM_ENTRY(f32, float, 16)
 
 static inline __m256 exp_neg(__m256 x) { /* x <= 0 or -inf; NaN stays NaN */
   const __m256 lo = _mm256_set1_ps(-87.0f);
-  __m256 keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ); /* false for x < -87 and -inf; true for NaN */
+  const __m256 in = x, nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q); /* taken before the clamp below drops the NaN */
+  __m256 keep = _mm256_cmp_ps(x, lo, _CMP_NLT_UQ); /* false for x < -87 and -inf */
   x = _mm256_max_ps(x, lo);                       /* NaN in x: max returns lo; restored below */
   __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
@@ -547,7 +548,7 @@ static inline __m256 exp_neg(__m256 x) { /* x <= 0 or -inf; NaN stays NaN */
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23); /* n in [-126, 0]: 2^n is normal */
   __m256 y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-  return _mm256_blendv_ps(_mm256_and_ps(y, keep), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_ps(_mm256_and_ps(y, keep), in, nan);
 }
 
 static inline float hsum8(__m256 a) {
@@ -616,7 +617,7 @@ static inline __attribute__((always_inline)) void attn_head(const float *restric
     /* online softmax: the block's maximum, the old sums and outputs rescaled, weights e^(s - max) */
     for (size_t j = 0; j < g; j++) {
       float m = mx[j];
-      for (size_t i = 0; i < n; i++) m = sc[j][i] > m ? sc[j][i] : m;
+      for (size_t i = 0; i < n; i++) m = sc[j][i] > m || sc[j][i] != sc[j][i] ? sc[j][i] : m; /* a NaN score: NaN out */
       if (m == -__builtin_inff()) { /* every score so far masked: weights 0, nothing to add */
         for (size_t i = 0; i < n; i++) sc[j][i] = 0.0f;
         continue;

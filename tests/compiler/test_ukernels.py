@@ -512,10 +512,12 @@ def _chunk_module(hq: int, hk: int, c: int, cm: int, d: int, length: int | None,
 # blocks, the second of 2 rows: a tail of keys under 4); 20 positions (16 a workgroup: the second block of
 # positions 4 long, the rest padding); 8B-like heads (32 on 8, D 128: 8 positions a workgroup) over 3 key blocks
 # and a bit; one query head per KV head, 2 positions, a static L; 1B-like heads (32 on 8, D 64: 64 rows a
-# workgroup, tiles of 6 rows and one of 4); and the bf16-cache kernel on the first three
+# workgroup, tiles of 6 rows and one of 4); 8 query heads on one (8 positions a workgroup, 64 rows); D 512
+# (the largest the stack holds) over 2 keys, fewer than the 3 positions; and the bf16-cache kernel on the first three
 @pytest.mark.parametrize("hq, hk, c, cm, d, length, static, cache", [
     (12, 4, 64, 168, 64, 130, False, "f32"), (6, 2, 20, 80, 16, 75, False, "f32"), (32, 8, 24, 220, 128, 197, False, "f32"),
-    (4, 4, 2, 24, 32, 24, True, "f32"), (32, 8, 64, 100, 64, 90, False, "f32"),
+    (4, 4, 2, 24, 32, 24, True, "f32"), (32, 8, 64, 100, 64, 90, False, "f32"), (8, 1, 9, 40, 64, 33, False, "f32"),
+    (2, 2, 3, 20, 512, 2, False, "f32"),
     (12, 4, 64, 168, 64, 130, False, "bf16"), (6, 2, 20, 80, 16, 75, False, "bf16"), (32, 8, 24, 220, 128, 197, False, "bf16")])
 def test_compiled_chunk_attention_kernel_matches_torch(tmp_path, hq, hk, c, cm, d, length, static, cache):
     g = torch.Generator().manual_seed(7)
@@ -576,3 +578,21 @@ def test_import_takes_a_chunk_attention_op_and_refuses_shapes_the_kernel_cannot_
         assert str(e.value).startswith("llmc::attn_chunk takes q [1, Hq, C, D], caches [1, Hk, Cm, D]"), str(e.value)
         assert f"{hq} query heads on {hk}, head size {d}" in str(e.value)
         assert e.value.exit_code == 3
+
+
+def test_compiled_attention_kernels_keep_a_nan(tmp_path):
+    """A NaN in a query row gives that row NaN, as PyTorch's SDPA does, in both attention kernels (their
+    exponential once clamped a NaN score to e^-87 and returned a finite average); the other rows stay right."""
+    g = torch.Generator().manual_seed(9)
+    q, kc, vc = torch.randn(1, 4, 3, 16, generator=g), torch.randn(1, 2, 24, 16, generator=g), torch.randn(1, 2, 24, 16, generator=g)
+    q[0, 1, 2, 5] = float("nan")
+    bias = torch.zeros(1, 1, 3, 20)
+    got = _run_module(tmp_path, ukernels.link(_chunk_module(4, 2, 3, 24, 16, None)), q, kc, vc, bias)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), kc[:, :, :20].double(), vc[:, :, :20].double(),
+                                                            attn_mask=bias.double(), scale=1.0, enable_gqa=True)
+    assert bool(got[0, 1, 2].isnan().all()) and bool(want[0, 1, 2].isnan().all())
+    rest = ~want.isnan()
+    assert int(rest.sum()) == 4 * 3 * 16 - 16 and torch.allclose(got.double()[rest], want[rest], atol=1e-5)
+    q1 = q[:, :, 2:3].contiguous()
+    got = _run_module(tmp_path, ukernels.link(_attention_module(4, 2, 24, 16, None)), q1, kc, vc, bias[:, :, :1])
+    assert bool(got[0, 1, 0].isnan().all()) and not bool(got[0, [0, 2, 3]].isnan().any())
