@@ -306,3 +306,21 @@ def test_each_cpu_module_links_the_kernels_its_cpu_runs_best(tmp_path, monkeypat
         torch.testing.assert_close(got[cpu].float(), want, rtol=2**-8, atol=1e-6)  # the output's own bf16 rounding
     if AVX512:
         assert torch.equal(got["x86-64-v4"], got["x86-64-v3"])  # the two loops' sums are bit-identical
+
+
+def test_the_fallback_module_is_the_single_cpu_build(tmp_path):
+    """A CPU without AVX-512 runs a portable artifact's x86-64-v3 module, which is byte for byte the
+    `--arch x86-64-v3` build of the same model (a tiny Llama: its C kernels linked for that CPU, its prefill
+    chunk and decode): on such a CPU the portable artifact runs exactly the single-CPU build's code, and only
+    the load's choice of file differs (issue: the portable artifact within 5% of the single-CPU build)."""
+    from llmc.models.llama.config import get_config
+    from llmc.models.llama.model import init_random
+
+    model = init_random(get_config("tiny"), seed=0)
+    # bf16: the build whose link differs most between the CPUs (the bf16 one-row loop: AVX2 vs AVX-512F)
+    port = llmc.compile(model, dtype="bf16", arch="portable", output=tmp_path / "p.vmfb", max_seq_len=136)
+    single = llmc.compile(model, dtype="bf16", arch="x86-64-v3", output=tmp_path / "s.vmfb", max_seq_len=136)
+    assert json.loads(port.manifest.read_text())["target"]["cpu_modules"]["x86-64-v3"] == ".vmfb"
+    assert port.vmfb.read_bytes() == single.vmfb.read_bytes()
+    # and the other CPU's module is code of its own (not the same file twice)
+    assert port.vmfb.with_name("p.x86-64-v4.vmfb").read_bytes() != single.vmfb.read_bytes()
