@@ -437,51 +437,76 @@ def _attention_definition(indent: str, name: str, hq: int, hk: int, c: int, d: i
                           cache: str = "f32") -> str:
     """The body of a declared attention function: a flow.dispatch of @attn_decode (@attn_decode_bf16 over a
     bf16 cache), one workgroup per KV head, L read from the bias (its dynamic last dim, or the static one)."""
-    tq, tc = f"tensor<1x{hq}x1x{d}xf32>", f"tensor<1x{hk}x{c}x{d}x{cache}>"
-    export = _attention_export(cache)
-    tb = f"tensor<1x1x1x{'?' if length is None else length}xf32>"
+    consts = [("hk", hk), ("g", hq // hk), ("c", c), ("d", d)]
+    return _attention_dispatch(indent, name, _attention_export(cache), f"tensor<1x{hq}x1x{d}xf32>",
+                               f"tensor<1x{hk}x{c}x{d}x{cache}>", f"tensor<1x1x1x{'?' if length is None else length}xf32>",
+                               length, "hk", consts)
+
+
+def _attention_dispatch(indent: str, name: str, export: str, tq: str, tc: str, tb: str, length: int | None,
+                        workgroups: str | int, consts: list[tuple[str, int]]) -> str:
+    """A declared attention function's body (q, kc, vc, bias -> y): L from the bias's last dim (dynamic, or
+    `length`), the index constants `consts` declared in order and passed after L, and a flow.dispatch of
+    `export` over `workgroups` workgroups: the name of one of consts, or a count (%n, not passed)."""
     row_count = (["  %c3 = arith.constant 3 : index", f"  %l = tensor.dim %b, %c3 : {tb}"] if length is None else
                  [f"  %l = arith.constant {length} : index"])
     dims = "{%l}" if length is None else ""
+    passed = [n for n, _ in consts]
+    declared = consts if isinstance(workgroups, str) else [("n", workgroups), *consts]
     lines = [
         f"func.func private @{name}(%q: {tq}, %k: {tc}, %v: {tc}, %b: {tb}) -> {tq} {{",
         *row_count,
-        f"  %hk = arith.constant {hk} : index",
-        f"  %g = arith.constant {hq // hk} : index",
-        f"  %c = arith.constant {c} : index",
-        f"  %d = arith.constant {d} : index",
-        f"  %y = flow.dispatch @{EXECUTABLE}::@{export}[%hk](%q, %k, %v, %b, %l, %hk, %g, %c, %d) : "
-        f"({tq}, {tc}, {tc}, {tb}{dims}, index, index, index, index, index) -> {tq}",
+        *(f"  %{n} = arith.constant {value} : index" for n, value in declared),
+        f"  %y = flow.dispatch @{EXECUTABLE}::@{export}[%{workgroups if isinstance(workgroups, str) else 'n'}](%q, %k, %v, %b, %l, {', '.join('%' + n for n in passed)}) : "
+        f"({tq}, {tc}, {tc}, {tb}{dims}, {', '.join(['index'] * (1 + len(passed)))}) -> {tq}",
         f"  return %y : {tq}",
         "}",
     ]
     return "\n".join(indent + line for line in lines)
 
 
-def _attention_executable_parts(cache: str = "f32") -> tuple[str, str]:
-    """The export and function of @attn_decode (f32 cache) or @attn_decode_bf16 (the cache as i16 bits)."""
-    fn, ce = _attention_export(cache), ATTN_CACHE_ELEMENTS[cache]
+def _product(name: str, symbols: list[str]) -> str:
+    """`%name = affine.apply` of the product of the index values `symbols`."""
+    syms = ", ".join(f"s{i}" for i in range(len(symbols)))
+    prod = " * ".join(f"s{i}" for i in range(len(symbols)))
+    return f"      %{name} = affine.apply affine_map<()[{syms}] -> ({prod})>()[{', '.join('%' + s for s in symbols)}]"
+
+
+def _attention_executable(fn: str, ce: str, workload: str, params: list[str], q_size: list[str], k_size: list[str],
+                          b_size: list[str], args: list[str]) -> tuple[str, str]:
+    """The export and function of an attention kernel @fn calling llmc_<fn>(q, k, v, bias, y, *args): q and y
+    f32, k and v of element `ce`, the bias f32; the bindings' sizes products of the index operands (`params`,
+    after L) named in q_size, k_size and b_size; args: index values (%wg: the workgroup id)."""
     export = f"""\
-  stream.executable.export public @{fn} workgroups(%hk: index) -> (index, index, index) {{
+  stream.executable.export public @{fn} workgroups(%{workload}: index) -> (index, index, index) {{
     %c1 = arith.constant 1 : index
-    stream.return %hk, %c1, %c1 : index, index, index
+    stream.return %{workload}, %c1, %c1 : index, index, index
   }}"""
-    func = f"""\
-    func.func private @llmc_{fn}(memref<?xf32>, memref<?x{ce}>, memref<?x{ce}>, memref<?xf32>, memref<?xf32>, index, index, index, index, index) attributes {{hal.import.static}}
-    func.func @{fn}(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bb: !stream.binding, %by: !stream.binding, %l: index, %hk: index, %g: index, %c: index, %d: index) {{
-      %c0 = arith.constant 0 : index
-      %h = stream.dispatch.workgroup.id[0] : index
-      %nq = affine.apply affine_map<()[s0, s1, s2] -> (s0 * s1 * s2)>()[%hk, %g, %d]
-      %nk = affine.apply affine_map<()[s0, s1, s2] -> (s0 * s1 * s2)>()[%hk, %c, %d]
-      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?xf32>{{%nq}}
-      %k = stream.binding.subspan %bk[%c0] : !stream.binding -> memref<?x{ce}>{{%nk}}
-      %v = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?x{ce}>{{%nk}}
-      %b = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xf32>{{%l}}
-      %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{{%nq}}
-      func.call @llmc_{fn}(%q, %k, %v, %b, %y, %l, %g, %c, %d, %h) : (memref<?xf32>, memref<?x{ce}>, memref<?x{ce}>, memref<?xf32>, memref<?xf32>, index, index, index, index, index) -> ()
-      return
-    }}"""
-    return export, func
+    mems = f"memref<?xf32>, memref<?x{ce}>, memref<?x{ce}>, memref<?xf32>, memref<?xf32>, {', '.join(['index'] * len(args))}"
+    bindings = "%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bb: !stream.binding, %by: !stream.binding"
+    lines = [
+        f"    func.func private @llmc_{fn}({mems}) attributes {{hal.import.static}}",
+        f"    func.func @{fn}({bindings}, {', '.join(f'%{p}: index' for p in ['l', *params])}) {{",
+        "      %c0 = arith.constant 0 : index",
+        "      %wg = stream.dispatch.workgroup.id[0] : index",
+        _product("nq", q_size), _product("nk", k_size), _product("nb", b_size),
+        "      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?xf32>{%nq}",
+        f"      %k = stream.binding.subspan %bk[%c0] : !stream.binding -> memref<?x{ce}>{{%nk}}",
+        f"      %v = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?x{ce}>{{%nk}}",
+        "      %b = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xf32>{%nb}",
+        "      %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{%nq}",
+        f"      func.call @llmc_{fn}(%q, %k, %v, %b, %y, {', '.join('%' + a for a in args)}) : ({mems}) -> ()",
+        "      return",
+        "    }",
+    ]
+    return export, "\n".join(lines)
+
+
+def _attention_executable_parts(cache: str = "f32") -> tuple[str, str]:
+    """The export and function of @attn_decode (f32 cache) or @attn_decode_bf16 (the cache as i16 bits):
+    llmc_attn_decode(q, k, v, bias, y, l, g, c, d, h), one workgroup per KV head h."""
+    return _attention_executable(_attention_export(cache), ATTN_CACHE_ELEMENTS[cache], "hk", ["hk", "g", "c", "d"],
+                                 ["hk", "g", "d"], ["hk", "c", "d"], ["l"], ["l", "g", "c", "d", "wg"])
 
 
 def _chunk_export(cache: str) -> str:
@@ -495,57 +520,18 @@ def _chunk_attention_definition(indent: str, name: str, hq: int, hk: int, c: int
     bf16 cache), a workgroup per KV head and block of query positions, L read from the bias."""
     from llmc.passes.chunk_attention_kernel import rows_per_workgroup
 
-    tq, tc = f"tensor<1x{hq}x{c}x{d}xf32>", f"tensor<1x{hk}x{cm}x{d}x{cache}>"
-    tb = f"tensor<1x1x{c}x{'?' if length is None else length}xf32>"
-    g = hq // hk
-    rows = rows_per_workgroup(g, d)
-    row_count = (["  %c3 = arith.constant 3 : index", f"  %l = tensor.dim %b, %c3 : {tb}"] if length is None else
-                 [f"  %l = arith.constant {length} : index"])
-    dims = "{%l}" if length is None else ""
-    lines = [
-        f"func.func private @{name}(%q: {tq}, %k: {tc}, %v: {tc}, %b: {tb}) -> {tq} {{",
-        *row_count,
-        f"  %n = arith.constant {hk * -(-c // rows)} : index",
-        f"  %hk = arith.constant {hk} : index",
-        f"  %g = arith.constant {g} : index",
-        f"  %c = arith.constant {c} : index",
-        f"  %cm = arith.constant {cm} : index",
-        f"  %d = arith.constant {d} : index",
-        f"  %np = arith.constant {rows} : index",
-        f"  %y = flow.dispatch @{EXECUTABLE}::@{_chunk_export(cache)}[%n](%q, %k, %v, %b, %l, %hk, %g, %c, %cm, %d, %np) : "
-        f"({tq}, {tc}, {tc}, {tb}{dims}, index, index, index, index, index, index, index) -> {tq}",
-        f"  return %y : {tq}",
-        "}",
-    ]
-    return "\n".join(indent + line for line in lines)
+    rows = rows_per_workgroup(hq // hk, d)
+    consts = [("hk", hk), ("g", hq // hk), ("c", c), ("cm", cm), ("d", d), ("np", rows)]
+    return _attention_dispatch(indent, name, _chunk_export(cache), f"tensor<1x{hq}x{c}x{d}xf32>",
+                               f"tensor<1x{hk}x{cm}x{d}x{cache}>", f"tensor<1x1x{c}x{'?' if length is None else length}xf32>",
+                               length, hk * -(-c // rows), consts)
 
 
 def _chunk_attention_executable_parts(cache: str = "f32") -> tuple[str, str]:
-    """The export and function of @attn_chunk (f32 cache) or @attn_chunk_bf16 (the cache as i16 bits)."""
-    fn, ce = _chunk_export(cache), ATTN_CACHE_ELEMENTS[cache]
-    export = f"""\
-  stream.executable.export public @{fn} workgroups(%n: index) -> (index, index, index) {{
-    %c1 = arith.constant 1 : index
-    stream.return %n, %c1, %c1 : index, index, index
-  }}"""
-    idx = ", ".join(["index"] * 7)
-    func = f"""\
-    func.func private @llmc_{fn}(memref<?xf32>, memref<?x{ce}>, memref<?x{ce}>, memref<?xf32>, memref<?xf32>, {idx}) attributes {{hal.import.static}}
-    func.func @{fn}(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bb: !stream.binding, %by: !stream.binding, %l: index, %hk: index, %g: index, %c: index, %cm: index, %d: index, %np: index) {{
-      %c0 = arith.constant 0 : index
-      %wg = stream.dispatch.workgroup.id[0] : index
-      %nqe = affine.apply affine_map<()[s0, s1, s2, s3] -> (s0 * s1 * s2 * s3)>()[%hk, %g, %c, %d]
-      %nke = affine.apply affine_map<()[s0, s1, s2] -> (s0 * s1 * s2)>()[%hk, %cm, %d]
-      %nb = affine.apply affine_map<()[s0, s1] -> (s0 * s1)>()[%c, %l]
-      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?xf32>{{%nqe}}
-      %k = stream.binding.subspan %bk[%c0] : !stream.binding -> memref<?x{ce}>{{%nke}}
-      %v = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?x{ce}>{{%nke}}
-      %b = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xf32>{{%nb}}
-      %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{{%nqe}}
-      func.call @llmc_{fn}(%q, %k, %v, %b, %y, %l, %g, %c, %cm, %d, %np, %wg) : (memref<?xf32>, memref<?x{ce}>, memref<?x{ce}>, memref<?xf32>, memref<?xf32>, {idx}) -> ()
-      return
-    }}"""
-    return export, func
+    """The export and function of @attn_chunk (f32 cache) or @attn_chunk_bf16 (the cache as i16 bits):
+    llmc_attn_chunk(q, k, v, bias, y, l, g, c, cm, d, np, wg)."""
+    return _attention_executable(_chunk_export(cache), ATTN_CACHE_ELEMENTS[cache], "n", ["hk", "g", "c", "cm", "d", "np"],
+                                 ["hk", "g", "c", "d"], ["hk", "cm", "d"], ["c", "l"], ["l", "g", "c", "cm", "d", "np", "wg"])
 
 
 def _export(function: str) -> str:

@@ -36,11 +36,10 @@ from __future__ import annotations
 
 import torch
 
-from llmc.passes._base import DecompositionPass, Requires, register_pass
-from llmc.passes.decode_attention_kernel import CACHE_DTYPES, _cache, _kernels_serve, _operands
+from llmc.passes._base import Requires, register_pass
+from llmc.passes.decode_attention_kernel import CacheAttentionKernelPass, _cache, _kernels_serve, _operands, cache_refusal
 
 _aten = torch.ops.aten
-SDPA = _aten.scaled_dot_product_attention.default
 MAX_GROUP = 8  # compiler/csrc: CHUNK_MAX_ROWS / 8 (the least positions a workgroup takes)
 MAX_ROWS_D = 4096  # compiler/csrc: CHUNK_ROWS_D (8 positions x query heads per KV head x D)
 D_MULTIPLE = 16  # the output tile's columns
@@ -96,19 +95,8 @@ def _refusal(node) -> str | None:
         return "not f32"
     if tq.dim() != 4 or tq.shape[0] != 1 or not isinstance(tq.shape[2], int) or tq.shape[2] < 2:
         return "not a static block of query rows of batch 1"
-    kc, vc = _cache(k), _cache(v)
-    if kc is None or vc is None:
-        return "k/v not the first rows of a cache"
-    tkc, tvc = kc.meta.get("val"), vc.meta.get("val")
     hq, c, d = tq.shape[1], tq.shape[2], tq.shape[3]
-    if tkc is None or tvc is None or tkc.shape != tvc.shape or tkc.dim() != 4 or tkc.shape[0] != 1 or tkc.shape[3] != d:
-        return "cache shapes"
-    if tkc.dtype != tvc.dtype or tkc.dtype not in CACHE_DTYPES:
-        return f"caches {tkc.dtype} and {tvc.dtype} (the kernel: both f32 or both bf16)"
-    hk = tkc.shape[1]
-    if not all(isinstance(s, int) for s in (hq, d, hk, tkc.shape[2])):
-        return "dynamic head count, head size or cache rows"
-    why = shape_refusal(hq, hk, d)
+    why = cache_refusal(k, v, hq, d) or shape_refusal(hq, _cache(k).meta["val"].shape[1], d)
     if why:
         return why
     if tm.dtype not in (torch.bool, torch.float32):
@@ -121,41 +109,23 @@ def _refusal(node) -> str | None:
 
 
 @register_pass("chunk-attention-kernel", Requires(backends=("llvm-cpu",), check=_kernels_serve))
-class ChunkAttentionKernelPass(DecompositionPass):
-    """Rewrites the exported graph before it is decomposed, as decode-attention-kernel does."""
+class ChunkAttentionKernelPass(CacheAttentionKernelPass):
+    refusal = staticmethod(_refusal)
 
-    def decompositions(self) -> dict:
-        return {}
+    def kernel_op(self):
+        return torch.ops.llmc.attn_chunk.default
 
     def before_decomposing(self, program) -> None:
-        graph = program.graph_module.graph
-        biases = {}  # mask node -> its f32 bias node (one per mask: every layer shares the chunk's)
-        for node in list(graph.find_nodes(op="call_function", target=SDPA)):
-            why = _refusal(node)
-            if why:
-                self.stats.decline(node.name, why)
-                continue
-            q, k, v, mask, _, _, scale = _operands(node)
-            scale = q.meta["val"].shape[3] ** -0.5 if scale is None else scale
-            if mask.meta["val"].dtype == torch.bool and mask not in biases:
-                with graph.inserting_after(mask):
-                    bias = graph.call_function(_aten.where.Scalar, (mask, 0.0, float("-inf")))
-                bias.meta["val"] = torch.ops.aten.where.Scalar(mask.meta["val"], 0.0, float("-inf"))
-                biases[mask] = bias
-            bias = biases.get(mask, mask)
-            with graph.inserting_before(node):
-                qs = graph.call_function(_aten.mul.Scalar, (q, scale))
-                qs.meta["val"] = q.meta["val"] * scale
-                call = graph.call_function(torch.ops.llmc.attn_chunk.default, (qs, _cache(k), _cache(v), bias))
-                call.meta["val"] = node.meta["val"]
-                for key in ("stack_trace", "nn_module_stack"):
-                    if key in node.meta:
-                        call.meta[key] = qs.meta[key] = node.meta[key]
-            node.replace_all_uses_with(call)
-            graph.erase_node(node)
-            for sliced in {k, v}:  # the cache slices, now read by nothing
-                if sliced is not _cache(sliced) and not sliced.users:
-                    graph.erase_node(sliced)
-            self.stats.rewrite()
-        graph.lint()
-        program.graph_module.recompile()
+        self._biases = {}  # mask node -> its f32 bias node: one per mask, which every layer shares
+        super().before_decomposing(program)
+
+    def mask_arg(self, graph, mask):
+        """A bool mask as the f32 bias of 0 and -inf it stands for (inserted once, after the mask); an f32 one as it is."""
+        if mask.meta["val"].dtype != torch.bool:
+            return mask
+        if mask not in self._biases:
+            with graph.inserting_after(mask):
+                bias = graph.call_function(_aten.where.Scalar, (mask, 0.0, float("-inf")))
+            bias.meta["val"] = torch.ops.aten.where.Scalar(mask.meta["val"], 0.0, float("-inf"))
+            self._biases[mask] = bias
+        return self._biases[mask]

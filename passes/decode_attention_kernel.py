@@ -96,22 +96,31 @@ def _refusal(node) -> str | None:
         return "not f32"
     if tq.dim() != 4 or tq.shape[0] != 1 or tq.shape[2] != 1:
         return "not one query row of batch 1"
-    kc, vc = _cache(k), _cache(v)
-    if kc is None or vc is None:
-        return "k/v not the first rows of a cache"
-    tkc, tvc = kc.meta.get("val"), vc.meta.get("val")
     hq, d = tq.shape[1], tq.shape[3]
-    if tkc is None or tvc is None or tkc.shape != tvc.shape or tkc.dim() != 4 or tkc.shape[0] != 1 or tkc.shape[3] != d:
-        return "cache shapes"
-    if tkc.dtype != tvc.dtype or tkc.dtype not in CACHE_DTYPES:
-        return f"caches {tkc.dtype} and {tvc.dtype} (the kernel: both f32 or both bf16)"
-    hk = tkc.shape[1]
-    if not all(isinstance(s, int) for s in (hq, d, hk, tkc.shape[2])):
-        return "dynamic head count, head size or cache rows"
+    why = cache_refusal(k, v, hq, d)
+    if why:
+        return why
+    hk = _cache(k).meta["val"].shape[1]
     if hq % hk or hq // hk > MAX_GROUP or d % 8 or d > MAX_HEAD_DIM:
         return f"{hq} query heads on {hk}, head size {d} (the kernel: a multiple of 8 up to {MAX_HEAD_DIM}, up to {MAX_GROUP} per KV head)"
     if tb.dim() != 4 or tuple(tb.shape[:3]) != (1, 1, 1) or str(tb.shape[3]) != str(tk.shape[2]) or str(tv.shape[2]) != str(tk.shape[2]):
         return "mask not an additive [1, 1, 1, L] row over the rows attended"
+    return None
+
+
+def cache_refusal(k, v, hq, d) -> str | None:
+    """Why k and v (of a call with hq query heads of size d) are not the first rows of two KV caches the
+    attention kernels read: [1, Hk, C, D], static, both f32 or both bf16 (None when they are)."""
+    kc, vc = _cache(k), _cache(v)
+    if kc is None or vc is None:
+        return "k/v not the first rows of a cache"
+    tkc, tvc = kc.meta.get("val"), vc.meta.get("val")
+    if tkc is None or tvc is None or tkc.shape != tvc.shape or tkc.dim() != 4 or tkc.shape[0] != 1 or tkc.shape[3] != d:
+        return "cache shapes"
+    if tkc.dtype != tvc.dtype or tkc.dtype not in CACHE_DTYPES:
+        return f"caches {tkc.dtype} and {tvc.dtype} (the kernel: both f32 or both bf16)"
+    if not all(isinstance(s, int) for s in (hq, d, tkc.shape[1], tkc.shape[2])):
+        return "dynamic head count, head size or cache rows"
     return None
 
 
@@ -146,10 +155,22 @@ def _cache(node):
     return node
 
 
-@register_pass("decode-attention-kernel", Requires(backends=("llvm-cpu",), check=_kernels_serve))
-class DecodeAttentionKernelPass(DecompositionPass):
-    """Rewrites the exported graph before it is decomposed (the decomposition retrace would turn the
-    cache slices into tensors of their own, and decompose-attention owns SDPA's table entry)."""
+class CacheAttentionKernelPass(DecompositionPass):
+    """Rewrites each SDPA call that `refusal` accepts into `op(q * scale, kc, vc, mask_arg)` on the whole
+    caches, before the exported graph is decomposed (the decomposition retrace would turn the cache slices
+    into tensors of their own, and decompose-attention owns SDPA's table entry). Subclasses: decode-
+    attention-kernel, chunk-attention-kernel (passes/chunk_attention_kernel.py)."""
+
+    @staticmethod
+    def refusal(node) -> str | None:
+        raise NotImplementedError
+
+    def kernel_op(self):
+        raise NotImplementedError
+
+    def mask_arg(self, graph, mask):
+        """The node the kernel takes for the call's mask (the mask itself here)."""
+        return mask
 
     def decompositions(self) -> dict:
         return {}
@@ -157,16 +178,17 @@ class DecodeAttentionKernelPass(DecompositionPass):
     def before_decomposing(self, program) -> None:
         graph = program.graph_module.graph
         for node in list(graph.find_nodes(op="call_function", target=SDPA)):
-            why = _refusal(node)
+            why = self.refusal(node)
             if why:
                 self.stats.decline(node.name, why)
                 continue
             q, k, v, mask, _, _, scale = _operands(node)
             scale = q.meta["val"].shape[3] ** -0.5 if scale is None else scale
+            mask = self.mask_arg(graph, mask)
             with graph.inserting_before(node):
                 qs = graph.call_function(_aten.mul.Scalar, (q, scale))
                 qs.meta["val"] = q.meta["val"] * scale
-                call = graph.call_function(torch.ops.llmc.attn_decode.default, (qs, _cache(k), _cache(v), mask))
+                call = graph.call_function(self.kernel_op(), (qs, _cache(k), _cache(v), mask))
                 call.meta["val"] = node.meta["val"]
                 for key in ("stack_trace", "nn_module_stack"):
                     if key in node.meta:
@@ -179,3 +201,11 @@ class DecodeAttentionKernelPass(DecompositionPass):
             self.stats.rewrite()
         graph.lint()
         program.graph_module.recompile()
+
+
+@register_pass("decode-attention-kernel", Requires(backends=("llvm-cpu",), check=_kernels_serve))
+class DecodeAttentionKernelPass(CacheAttentionKernelPass):
+    refusal = staticmethod(_refusal)
+
+    def kernel_op(self):
+        return torch.ops.llmc.attn_decode.default

@@ -372,9 +372,16 @@ def _attention_module(hq: int, hk: int, c: int, d: int, length: int | None, cach
     """main(q, kc, vc, bias) calling the declared attention function as llmc's import makes it
     (length None: the bias's last dim, L, is dynamic). cache bf16: main takes the caches as i16 bits
     (iree-run-module reads no bf16 .npy) and bitcasts them to the bf16 tensors the function takes."""
-    name = ukernels.attention_declaration_name(hq, hk, c, d, length, cache)
-    tq, tc, tb = f"tensor<1x{hq}x1x{d}xf32>", f"tensor<1x{hk}x{c}x{d}x{cache}>", f"tensor<1x1x1x{'?' if length is None else length}xf32>"
-    ti = tc if cache == "f32" else f"tensor<1x{hk}x{c}x{d}xi16>"
+    return _kernel_module(ukernels.attention_declaration_name(hq, hk, c, d, length, cache), f"tensor<1x{hq}x1x{d}xf32>",
+                          (hk, c, d), f"tensor<1x1x1x{'?' if length is None else length}xf32>", cache)
+
+
+def _kernel_module(name: str, tq: str, cache_dims: tuple, tb: str, cache: str) -> str:
+    """main(q, kc, vc, bias) -> y calling the declared function `name` (q: tq, caches [1, *cache_dims] of
+    `cache` elements, handed in as i16 bits for bf16, bias: tb)."""
+    dims = "x".join(str(x) for x in cache_dims)
+    tc = f"tensor<1x{dims}x{cache}>"
+    ti = tc if cache == "f32" else f"tensor<1x{dims}xi16>"
     cast = "" if cache == "f32" else (f"    %kb = arith.bitcast %k : {ti} to {tc}\n    %vb = arith.bitcast %v : {ti} to {tc}\n")
     k, v = ("%k", "%v") if cache == "f32" else ("%kb", "%vb")
     return (f"module {{\n  func.func private @{name}({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
@@ -496,16 +503,8 @@ def test_import_takes_an_attention_op_and_refuses_shapes_the_kernel_cannot_hold(
 def _chunk_module(hq: int, hk: int, c: int, cm: int, d: int, length: int | None, cache: str = "f32") -> str:
     """main(q, kc, vc, bias) calling the declared chunk attention function as llmc's import makes it (length
     None: L dynamic; a bf16 cache comes in as i16 bits, as in _attention_module)."""
-    name = ukernels.chunk_attention_declaration_name(hq, hk, c, cm, d, length, cache)
-    tq, tc = f"tensor<1x{hq}x{c}x{d}xf32>", f"tensor<1x{hk}x{cm}x{d}x{cache}>"
-    tb = f"tensor<1x1x{c}x{'?' if length is None else length}xf32>"
-    ti = tc if cache == "f32" else f"tensor<1x{hk}x{cm}x{d}xi16>"
-    cast = "" if cache == "f32" else (f"    %kb = arith.bitcast %k : {ti} to {tc}\n    %vb = arith.bitcast %v : {ti} to {tc}\n")
-    k, v = ("%k", "%v") if cache == "f32" else ("%kb", "%vb")
-    return (f"module {{\n  func.func private @{name}({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
-            f"  func.func @main(%q: {tq}, %k: {ti}, %v: {ti}, %b: {tb}) -> {tq} {{\n{cast}"
-            f"    %y = func.call @{name}(%q, {k}, {v}, %b) : ({tq}, {tc}, {tc}, {tb}) -> {tq}\n"
-            f"    return %y : {tq}\n  }}\n}}\n")
+    return _kernel_module(ukernels.chunk_attention_declaration_name(hq, hk, c, cm, d, length, cache), f"tensor<1x{hq}x{c}x{d}xf32>",
+                          (hk, cm, d), f"tensor<1x1x{c}x{'?' if length is None else length}xf32>", cache)
 
 
 # (Hq, Hk, C, cache rows, D, L, static L, cache dtype): small-125m's 64-token chunk after 66 cached rows (two key
@@ -578,6 +577,19 @@ def test_import_takes_a_chunk_attention_op_and_refuses_shapes_the_kernel_cannot_
         assert str(e.value).startswith("llmc::attn_chunk takes q [1, Hq, C, D], caches [1, Hk, Cm, D]"), str(e.value)
         assert f"{hq} query heads on {hk}, head size {d}" in str(e.value)
         assert e.value.exit_code == 3
+    # operands of the wrong shape (a bias of 3 rows for 4 query rows): the same refusal, naming the types
+    class Bad(torch.nn.Module):
+        def forward(self, q, kc, vc, bias):
+            return torch.ops.llmc.attn_chunk(q, kc, vc, bias)
+
+    args = (torch.randn(1, 8, 4, 32), torch.randn(1, 2, 16, 32), torch.randn(1, 2, 16, 32), torch.zeros(1, 1, 3, 5))
+    with pytest.raises(CompileError) as e:
+        importer.import_programs([(export.Exported(torch.export.export(Bad(), args), ""), "main")])
+    assert str(e.value) == (
+        "llmc::attn_chunk takes q [1, Hq, C, D], caches [1, Hk, Cm, D] (f32 or bf16, both alike) and a bias [1, 1, C, L], "
+        "q and the bias f32, all static but L, heads the kernel holds; got !torch.vtensor<[1,8,4,32],f32>, "
+        "!torch.vtensor<[1,2,16,32],f32>, !torch.vtensor<[1,2,16,32],f32>, !torch.vtensor<[1,1,3,5],f32>")
+    assert e.value.exit_code == 3
 
 
 def test_compiled_attention_kernels_keep_a_nan(tmp_path):
@@ -592,6 +604,7 @@ def test_compiled_attention_kernels_keep_a_nan(tmp_path):
                                                             attn_mask=bias.double(), scale=1.0, enable_gqa=True)
     assert bool(got[0, 1, 2].isnan().all()) and bool(want[0, 1, 2].isnan().all())
     rest = ~want.isnan()
+    # the other rows: the kernel's f32 tolerance of the tests above (outputs here are at most ~2)
     assert int(rest.sum()) == 4 * 3 * 16 - 16 and torch.allclose(got.double()[rest], want[rest], atol=1e-5)
     q1 = q[:, :, 2:3].contiguous()
     got = _run_module(tmp_path, ukernels.link(_attention_module(4, 2, 24, 16, None)), q1, kc, vc, bias[:, :, :1])
