@@ -210,3 +210,55 @@ def more_devices(manifest: dict, config, vmfb) -> list:
         )
     d = rt.get_driver(driver)
     return [config.device] + [d.create_device(listed[i]["device_id"]) for i in range(1, n)]
+
+
+CALLER_SCHED_ENV = "LLMC_CALLER_SCHED"  # "normal": leave the calling thread's scheduling as it is (A/B runs)
+
+
+class caller_yields_to_workers:
+    """While a call runs on IREE's local-task workers, the calling thread under SCHED_BATCH (Linux).
+
+    The caller waits for the call's fence in IREE's semaphore wait (iree/async/semaphore.c): the worker
+    that finishes the last dispatch posts the caller's notification (a futex wake) and then marks its
+    timepoint completed; the caller, once woken, spins on that mark before it returns. Woken under
+    SCHED_OTHER, the caller preempts the worker on that worker's own core (it slept through the call, so
+    its virtual runtime is the lowest) and spins on a mark only the descheduled worker can write, until
+    the scheduler moves one of them. On 2 cores with 2 workers that spin was ~40% of the calling thread's
+    time in a small Llama's decode, and the workers waited 1-2 ms a step for a core. A SCHED_BATCH
+    thread does not preempt on wakeup: the worker writes the mark and goes to sleep, then the caller
+    runs. Measured: docs/targets.md "The caller's wait". Only SCHED_OTHER is changed (a real-time or
+    idle caller keeps its policy), and it is restored when the call returns; an unprivileged thread may
+    switch between the two both ways (sched(7)). Anything that refuses the switch leaves the call as it
+    was.
+    """
+
+    __slots__ = ("active", "previous")
+
+    def __init__(self, active: bool):
+        import os
+
+        self.active = active and hasattr(os, "SCHED_BATCH") and os.environ.get(CALLER_SCHED_ENV, "batch") != "normal"
+        self.previous = None
+
+    def __enter__(self):
+        if self.active:
+            import os
+
+            try:
+                if os.sched_getscheduler(0) == os.SCHED_OTHER:
+                    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+                    self.previous = os.SCHED_OTHER
+            except OSError:
+                self.previous = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            import os
+
+            try:
+                os.sched_setscheduler(0, self.previous, os.sched_param(0))
+            except OSError:
+                pass
+            self.previous = None
+        return False

@@ -25,7 +25,7 @@ import numpy as np
 from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
 from llmc import dtypes
 from llmc.runtime import weights as weights_mod
-from llmc.runtime.device import first_line, is_device_lost, more_devices
+from llmc.runtime.device import caller_yields_to_workers, first_line, is_device_lost, more_devices
 
 log = logging.getLogger("llmc.runtime")
 _CPU_DATA_READY = False  # IREE's process-wide CPU data is filled in (Module._warm_cpu_data)
@@ -184,7 +184,9 @@ class EntryPoint:
     def call_raw(self, arrays: list):
         for retries_left in (2, 1, 0):
             try:
-                return self._function()(*arrays)
+                function = self._function()  # loads the module first: IREE's workers start outside the switch below
+                with caller_yields_to_workers(self._module.device_driver == "local-task"):
+                    return function(*arrays)
             except Exception as e:
                 # A Vulkan device lost during a call (lavapipe's timeline emulation and IREE 3.13's unlocked
                 # queue wakeup, see _ensure_loaded) stays lost. When every input is a host array, nothing of
