@@ -224,10 +224,10 @@ class caller_yields_to_workers:
     SCHED_OTHER, the caller can preempt that worker on the worker's own core (it slept through the call,
     so it is owed CPU time) and then spins on a mark only the descheduled worker can write, until the
     scheduler moves one of them. On 2 cores with 2 workers that spin was ~40% of the calling thread's
-    time in a small Llama's decode and the workers waited 1-2 ms a step for a core, which this account
-    fits (the CPU placement itself was not traced). A SCHED_BATCH thread does not preempt on wakeup:
-    the worker writes the mark and goes to sleep, then the caller runs; with it the spin and the
-    workers' wait for a core were gone. Measured: docs/targets.md "The caller's wait". Only SCHED_OTHER is changed (a real-time or
+    time in a small Llama's decode, the workers waited 1-2 ms a step for a core, and `perf sched` saw 70
+    of 234 wakeups of the caller by a worker switch that worker out, still runnable, on its own core.
+    A SCHED_BATCH thread does not preempt on wakeup: the worker writes the mark and goes to sleep, then
+    the caller runs (1 such switch in 298 wakeups; the spin and the workers' wait for a core gone). Measured: docs/targets.md "The caller's wait". Only SCHED_OTHER is changed (a real-time or
     idle caller keeps its policy), and it is restored when the call returns; an unprivileged thread may
     switch between the two both ways (sched(7)). Anything that refuses the switch leaves the call as it
     was.
