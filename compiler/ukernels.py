@@ -83,7 +83,8 @@ BF16_MATVEC_FUNCTION_AVX512 = "llmc_matvec_bf16_avx512"
 EXECUTABLE = "__llmc_kernels"
 DECL_PREFIX = "__llmc_matvec_"
 GEMM_DECL_PREFIX = "__llmc_gemm_"
-GEMM_MIN_WORKGROUPS = 16  # column blocks spread over at least this many workgroups (threads share them)
+GEMM_FEW_WORKGROUPS = 15  # a many-row product's column blocks: at most this many workgroups, or ...
+GEMM_MANY_WORKGROUPS = 64  # ... at least this many (gemm_groups_per_workgroup says why)
 NO_COMPILER = "no C compiler"  # starts the reasons worth a warning: the target could have the kernels
 ENV = "LLMC_CPU_KERNELS"  # "off": keep IREE's generated loop (A/B runs, a suspected kernel bug); "all": the f32 GEMM with AVX-512 too
 _FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-ffreestanding", "-fno-builtin", "-fno-stack-protector",
@@ -545,11 +546,20 @@ def _export(function: str) -> str:
 
 
 def gemm_groups_per_workgroup(kind: str, groups: int) -> int:
-    """Groups one workgroup computes, for every row: as many as leave GEMM_MIN_WORKGROUPS workgroups (a
-    group's work is M x K x G multiply-adds, large next to a workgroup's cost at any M a prefill chunk
-    has), in whole steps of the C loop (GEMM_GROUP_MULTIPLE)."""
+    """Groups one workgroup computes, for every row (a group's work, M x K x G multiply-adds, is large next
+    to a workgroup's cost at any M a prefill chunk has), in whole steps of the C loop (GEMM_GROUP_MULTIPLE).
+
+    The count of workgroups is set by how IREE 3.13's local-task hands them out (block_processor.c
+    `iree_hal_cmd_dispatch_tiles_per_reservation`): one at a time while a dispatch has fewer than 8 per
+    worker, else 8 at a claim. At 2 workers, 16 workgroups were 2 claims of 8, one a worker, so a worker
+    that started late or ran slower held the product up by its whole half. So: a product with many
+    groups gets one step of groups a workgroup (>= GEMM_MANY_WORKGROUPS workgroups: 8 or more claims),
+    any other at most GEMM_FEW_WORKGROUPS (handed out one at a time at 2 workers or more).
+    small-125m bf16 prefill at 2 threads: docs/targets.md "Prefill kernels at two threads"."""
     step = GEMM_GROUP_MULTIPLE.get(kind, 1)
-    per = max(1, -(-groups // GEMM_MIN_WORKGROUPS))
+    if groups >= GEMM_MANY_WORKGROUPS * step:
+        return step
+    per = max(1, -(-groups // GEMM_FEW_WORKGROUPS))
     return -(-per // step) * step
 
 

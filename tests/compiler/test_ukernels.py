@@ -226,8 +226,21 @@ def test_compiled_gemm_kernel_with_a_dynamic_row_count(tmp_path, kind):
 
 
 def test_int8_gemm_takes_its_groups_in_pairs():
-    assert [ukernels.gemm_groups_per_workgroup("int8", g) for g in (2, 32, 34, 96)] == [2, 2, 4, 6]
-    assert [ukernels.gemm_groups_per_workgroup("fp8", g) for g in (2, 32, 34, 96)] == [1, 2, 3, 6]
+    assert [ukernels.gemm_groups_per_workgroup("int8", g) for g in (2, 32, 34, 96, 128)] == [2, 4, 4, 8, 2]
+    assert [ukernels.gemm_groups_per_workgroup("fp8", g) for g in (2, 32, 34, 96)] == [1, 3, 3, 1]
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "int8", "f32"])
+def test_gemm_workgroup_counts_avoid_few_large_claims(kind):
+    """IREE's local-task hands out 8 workgroups at a claim once a dispatch has 8 per worker: a product's
+    workgroup count is either small enough to go out one at a time at 2 workers (< 16) or large enough
+    for 8 claims or more (>= 64), never 2-7 claims of 8 that leave a late worker holding the product up."""
+    step = 2 if kind == "int8" else 1
+    for groups in range(step, 1200, step):
+        per = ukernels.gemm_groups_per_workgroup(kind, groups)
+        workgroups = -(-groups // per)
+        assert per % step == 0 and (workgroups < 16 or workgroups >= 64), (groups, per, workgroups)
+        assert groups < 64 * step or per == step  # a large product: the finest split
 
 
 def _cpu(arch: str, dtype: str = "fp8"):
