@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from llmc.passes._base import Requires, register_pass
-from llmc.passes.decode_attention_kernel import CacheAttentionKernelPass, _cache, _kernels_serve, _operands, cache_refusal
+from llmc.passes.decode_attention_kernel import CacheAttentionKernelPass, _cache, _kernels_serve, cache_refusal, recorded_operands
 
 _aten = torch.ops.aten
 MAX_GROUP = 8  # compiler/csrc: CHUNK_MAX_ROWS / 8 (the least positions a workgroup takes)
@@ -82,15 +82,10 @@ def _(q, kc, vc, bias):
 
 def _refusal(node) -> str | None:
     """Why this SDPA call is not a prefill chunk's attention the kernel computes (None when it is)."""
-    q, k, v, mask, dropout, causal, _ = _operands(node)
-    if dropout or causal:
-        return "dropout or causal"
-    if mask is None:
-        return "no mask"
-    vals = [getattr(n, "meta", {}).get("val") for n in (q, k, v, mask)]
-    if any(t is None for t in vals):
-        return "no shapes recorded"
-    tq, tk, tv, tm = vals
+    why, operands, vals = recorded_operands(node, "no mask")
+    if why:
+        return why
+    (_, k, v, _), (tq, tk, tv, tm) = operands, vals
     if any(t.dtype != torch.float32 for t in (tq, tk, tv)):
         return "not f32"
     if tq.dim() != 4 or tq.shape[0] != 1 or not isinstance(tq.shape[2], int) or tq.shape[2] < 2:

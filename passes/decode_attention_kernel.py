@@ -81,17 +81,27 @@ def _operands(node) -> tuple:
     return (*(node.kwargs.get(n, a) for n, a in zip(names, args[:6])), node.kwargs.get("scale"))  # scale: keyword-only
 
 
-def _refusal(node) -> str | None:
-    """Why this SDPA call is not a decode step's attention the kernel computes (None when it is)."""
+def recorded_operands(node, no_mask: str):
+    """(why, operands, values) of an SDPA node for the cache attention kernels: `why` is the reason they
+    cannot take it whatever its shapes (dropout, causal, no mask: `no_mask`, no recorded values), else None
+    with (q, k, v, mask) and their recorded values (shared by this pass and chunk-attention-kernel)."""
     q, k, v, mask, dropout, causal, _ = _operands(node)
     if dropout or causal:
-        return "dropout or causal"
+        return "dropout or causal", None, None
     if mask is None:
-        return "no additive f32 mask"
+        return no_mask, None, None
     vals = [getattr(n, "meta", {}).get("val") for n in (q, k, v, mask)]
     if any(t is None for t in vals):
-        return "no shapes recorded"
-    tq, tk, tv, tb = vals
+        return "no shapes recorded", None, None
+    return None, (q, k, v, mask), vals
+
+
+def _refusal(node) -> str | None:
+    """Why this SDPA call is not a decode step's attention the kernel computes (None when it is)."""
+    why, operands, vals = recorded_operands(node, "no additive f32 mask")
+    if why:
+        return why
+    (_, k, v, _), (tq, tk, tv, tb) = operands, vals
     if any(t.dtype != torch.float32 for t in vals):
         return "not f32"
     if tq.dim() != 4 or tq.shape[0] != 1 or tq.shape[2] != 1:

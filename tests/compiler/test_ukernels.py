@@ -470,16 +470,24 @@ def test_compiled_attention_kernel_gives_zero_for_a_row_with_every_key_masked(tm
     assert torch.equal(attn_decode(q, kc, vc, bias), vc[:, :, :1].expand(1, 2, 1, 8))
 
 
-def _attention_program(hq: int, hk: int, d: int, caches=(torch.float32, torch.float32)):
-    class Step(torch.nn.Module):
-        def forward(self, q, kc, vc, bias):
-            return torch.ops.llmc.attn_decode(q, kc, vc, bias)
-
+def _kernel_op_program(op: str, rows: int, hq: int, hk: int, d: int, caches=(torch.float32, torch.float32)):
+    """An exported program calling llmc::<op>(q [1, hq, rows, d], caches [1, hk, 16, d], bias [1, 1, rows, 5])."""
+    import llmc.passes.chunk_attention_kernel  # noqa: F401  (defines llmc::attn_chunk)
     import llmc.passes.decode_attention_kernel  # noqa: F401  (defines llmc::attn_decode)
 
-    args = (torch.randn(1, hq, 1, d), torch.randn(1, hk, 16, d, dtype=caches[0]), torch.randn(1, hk, 16, d, dtype=caches[1]),
-            torch.zeros(1, 1, 1, 5))
-    return torch.export.export(Step(), args)
+    call = getattr(torch.ops.llmc, op)
+
+    class Call(torch.nn.Module):
+        def forward(self, q, kc, vc, bias):
+            return call(q, kc, vc, bias)
+
+    args = (torch.randn(1, hq, rows, d), torch.randn(1, hk, 16, d, dtype=caches[0]), torch.randn(1, hk, 16, d, dtype=caches[1]),
+            torch.zeros(1, 1, rows, 5))
+    return torch.export.export(Call(), args)
+
+
+def _attention_program(hq: int, hk: int, d: int, caches=(torch.float32, torch.float32)):
+    return _kernel_op_program("attn_decode", 1, hq, hk, d, caches)
 
 
 def test_import_takes_an_attention_op_and_refuses_shapes_the_kernel_cannot_hold():
@@ -562,15 +570,7 @@ def test_compiled_chunk_attention_kernel_matches_torch(tmp_path, hq, hk, c, cm, 
 
 
 def _chunk_program(hq: int, hk: int, d: int, caches=(torch.float32, torch.float32)):
-    class Chunk(torch.nn.Module):
-        def forward(self, q, kc, vc, bias):
-            return torch.ops.llmc.attn_chunk(q, kc, vc, bias)
-
-    import llmc.passes.chunk_attention_kernel  # noqa: F401  (defines llmc::attn_chunk)
-
-    args = (torch.randn(1, hq, 4, d), torch.randn(1, hk, 16, d, dtype=caches[0]), torch.randn(1, hk, 16, d, dtype=caches[1]),
-            torch.zeros(1, 1, 4, 5))
-    return torch.export.export(Chunk(), args)
+    return _kernel_op_program("attn_chunk", 4, hq, hk, d, caches)
 
 
 def test_import_takes_a_chunk_attention_op_and_refuses_shapes_the_kernel_cannot_hold():
