@@ -1,0 +1,67 @@
+"""tools/bench_matvec.py: the kernels' driver builds against llmc's own object, runs a step's products in
+decode order with llmc's workgroup split, and its sums are the products of the decoded weights."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from llmc.compiler import ukernels
+
+pytestmark = pytest.mark.skipif((ukernels.c_compiler() is None or os.uname().machine != "x86_64")
+                                and not os.environ.get("LLMC_REQUIRE_CPU_KERNELS"),
+                                reason="needs a C compiler on x86-64")
+
+
+def test_products_are_a_step_in_decode_order():
+    from llmc.models.llama.config import get_config
+    from llmc.tools import bench_matvec
+
+    c = get_config("llama3-8b")
+    shapes = bench_matvec.products(c, 2, head=True)
+    layer = [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096), (14336, 4096), (14336, 4096), (4096, 14336)]
+    assert shapes == layer * 2 + [(128256, 4096)]
+    assert bench_matvec.products(c, 1, head=False) == layer
+
+
+def test_spec_carries_llmc_workgroup_split_and_the_bf16_function():
+    from llmc.tools import bench_matvec
+
+    text = bench_matvec.spec("fp8", [(4096, 4096), (4096, 14336)], "x86-64-v3")
+    # 128 groups of 32 at K = 4096: 128 KiB a group, two a workgroup (the loop's step); K = 14336 likewise
+    assert text == (f"fp8:llmc_matvec_fp8:0:128x4096x{ukernels.groups_per_workgroup('fp8', 128, 4096)},"
+                    f"128x14336x{ukernels.groups_per_workgroup('fp8', 128, 14336)}")
+    pair_min_k, function = ukernels.bf16_matvec("x86-64-v3")
+    assert bench_matvec.spec("bf16", [(256, 768)], "x86-64-v3").startswith(f"bf16:{function}:{pair_min_k}:8x768x")
+
+
+def test_runs_each_kind_and_its_sums_match_the_decoded_weights(tmp_path, capsys):
+    from llmc.tools import bench_matvec
+
+    out = tmp_path / "r.json"
+    assert bench_matvec.main(["--config", "tiny", "--rounds", "2", "--arch", "x86-64-v3", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    table = capsys.readouterr().out
+    for kind in ("fp8", "bf16", "int8"):
+        r = report["kinds"][kind]
+        assert len(r["rounds"]) == 2 and f"| {kind} |" in table
+        # f32 summation of the first product against its double-precision sum, relative to sum |x w|
+        assert 0 <= r["check"] < 1e-5, r["check"]
+        assert r["gb_s"] > 0 and r["ratio"] > 0
+    # the bytes each kind streams: its weights at 1 (fp8, int8) or 2 (bf16) bytes, groups padded to G channels
+    from llmc.models.llama.config import get_config
+
+    shapes = bench_matvec.products(get_config("tiny"), get_config("tiny").n_layers, head=True)
+    for kind, g in (("fp8", 32), ("int8", 8), ("bf16", 32)):
+        want = sum(-(-n // g) * g * k for n, k in shapes) * bench_matvec.BYTES[kind]
+        assert report["kinds"][kind]["rounds"][0]["bytes"] == want
+
+
+def test_bad_usage_is_one_line_and_exit_2(capsys):
+    from llmc.tools import bench_matvec
+
+    with pytest.raises(SystemExit) as e:
+        bench_matvec.parse(["--kinds", "fp16"])
+    assert e.value.code == 2 and "--kinds fp16: choose from fp8, bf16, int8" in capsys.readouterr().err

@@ -1,0 +1,188 @@
+/* The driver of tools/bench_matvec.py: times llmc's one-row product kernels (compiler/csrc/matvec_x86_64.c,
+ * linked in as the object llmc itself builds) over model-shaped packed weights streamed from memory, against
+ * a plain read of the same bytes, in one process. Not part of any module llmc builds.
+ *
+ *   bench_matvec ROUNDS SPEC [SPEC ...]
+ *   SPEC = KIND:FUNCTION:PAIR_MIN_K:GROUPSxKxPER[,GROUPSxKxPER ...]   (products in the order a step runs them)
+ *
+ * KIND is fp8, int8 or bf16 (1, 1, 2 bytes a weight; 32, 8, 32 channels a group); FUNCTION the C function the
+ * compile would call for it (llmc_matvec_bf16 or llmc_matvec_bf16_avx512 for bf16); PAIR_MIN_K the bf16 loop's
+ * threshold. The weights lie one product after the other in one buffer of 2 MB pages (as llmc's resident
+ * weights), each product called workgroup by workgroup, in order, as IREE's local-sync device calls them; the
+ * MXCSR flushes denormals as IREE's workers do. Each round times, per kind (kinds in alternating order from
+ * round to round): a plain read of the kind's bytes (four 256-bit loads per 128 bytes), then every product.
+ *
+ * Prints, one line each:
+ *   check KIND ERROR    the first product against a double-precision sum of the same decoded weights:
+ *                       max over channels of |error| / sum |x w|
+ *   round R KIND READ_S KERNEL_S BYTES
+ */
+#define _GNU_SOURCE
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define MEMREF(T, name) T *name##_base, T *name##_aligned, size_t name##_offset, size_t name##_size, size_t name##_stride
+void llmc_matvec_fp8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
+                     size_t per_wg, size_t wg);
+void llmc_matvec_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
+                      size_t per_wg, size_t wg);
+void llmc_matvec_bf16(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(float, y), size_t k, size_t groups,
+                      size_t per_wg, size_t wg, size_t pair_min_k);
+void llmc_matvec_bf16_avx512(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(float, y), size_t k,
+                             size_t groups, size_t per_wg, size_t wg, size_t pair_min_k);
+
+#define MAX_PRODUCTS 4096
+#define MAX_KINDS 8
+
+typedef struct {
+  char kind[8], function[40];
+  size_t pair_min_k, group, elem, count, bytes;
+  size_t groups[MAX_PRODUCTS], k[MAX_PRODUCTS], per[MAX_PRODUCTS];
+} spec_t;
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+static void die(const char *what) {
+  fprintf(stderr, "bench_matvec: %s\n", what);
+  exit(2);
+}
+
+static void parse(const char *arg, spec_t *s) {
+  const char *c1 = strchr(arg, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL, *c3 = c2 ? strchr(c2 + 1, ':') : NULL;
+  if (!c3 || c1 - arg >= (long)sizeof s->kind || c2 - c1 - 1 >= (long)sizeof s->function) die("bad SPEC");
+  memset(s, 0, sizeof *s);
+  memcpy(s->kind, arg, c1 - arg);
+  memcpy(s->function, c1 + 1, c2 - c1 - 1);
+  s->pair_min_k = strtoull(c2 + 1, NULL, 10);
+  if (!strcmp(s->kind, "fp8")) s->group = 32, s->elem = 1;
+  else if (!strcmp(s->kind, "int8")) s->group = 8, s->elem = 1;
+  else if (!strcmp(s->kind, "bf16")) s->group = 32, s->elem = 2;
+  else die("KIND must be fp8, int8 or bf16");
+  for (const char *p = c3 + 1; *p;) {
+    if (s->count == MAX_PRODUCTS) die("too many products");
+    char *end;
+    s->groups[s->count] = strtoull(p, &end, 10);
+    if (*end != 'x') die("bad product (GROUPSxKxPER)");
+    s->k[s->count] = strtoull(end + 1, &end, 10);
+    if (*end != 'x') die("bad product (GROUPSxKxPER)");
+    s->per[s->count] = strtoull(end + 1, &end, 10);
+    if (!s->groups[s->count] || !s->k[s->count] || !s->per[s->count]) die("zero in a product");
+    s->bytes += s->groups[s->count] * s->k[s->count] * s->group * s->elem;
+    s->count++;
+    p = *end == ',' ? end + 1 : end;
+  }
+}
+
+static void call(const spec_t *s, size_t i, const float *x, const void *p, float *y, size_t wg) {
+  size_t n = s->groups[i] * s->group, k = s->k[i], g = s->groups[i], per = s->per[i];
+  if (!strcmp(s->kind, "fp8")) llmc_matvec_fp8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg);
+  else if (!strcmp(s->kind, "int8")) llmc_matvec_int8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg);
+  else if (!strcmp(s->function, "llmc_matvec_bf16_avx512"))
+    llmc_matvec_bf16_avx512(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->pair_min_k);
+  else llmc_matvec_bf16(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->pair_min_k);
+}
+
+static void products(const spec_t *s, const float *x, const uint8_t *w, float *y) {
+  for (size_t i = 0; i < s->count; i++) {
+    size_t nwg = (s->groups[i] + s->per[i] - 1) / s->per[i];
+    for (size_t wg = 0; wg < nwg; wg++) call(s, i, x, w, y, wg);
+    w += s->groups[i] * s->k[i] * s->group * s->elem;
+  }
+}
+
+/* the weight a code stands for, as the kernels decode it under flush-to-zero (fp8 in units of 2^-120) */
+static double value(const spec_t *s, const uint8_t *w, size_t index) {
+  if (!strcmp(s->kind, "int8")) return (int8_t)w[index];
+  if (!strcmp(s->kind, "bf16")) {
+    uint32_t bits = (uint32_t)((const uint16_t *)w)[index] << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return fpclassify(f) == FP_SUBNORMAL ? 0.0 : f;
+  }
+  unsigned c = w[index], e = (c >> 3) & 15, m = c & 7;
+  double v = e ? ldexp(1.0 + m / 8.0, (int)e - 7) : 0.0; /* E4M3 subnormals read as 0 */
+  return ldexp(c & 0x80 ? -v : v, -120);
+}
+
+static double check(const spec_t *s, const float *x, const uint8_t *w, float *y) {
+  size_t nwg = (s->groups[0] + s->per[0] - 1) / s->per[0], k = s->k[0], g = s->group;
+  for (size_t wg = 0; wg < nwg; wg++) call(s, 0, x, w, y, wg);
+  double worst = 0;
+  for (size_t c = 0; c < s->groups[0] * g; c++) {
+    double sum = 0, terms = 0;
+    for (size_t i = 0; i < k; i++) {
+      double t = value(s, w, ((c / g) * k + i) * g + c % g) * x[i];
+      sum += t;
+      terms += fabs(t);
+    }
+    if (terms > 0 && fabs(y[c] - sum) / terms > worst) worst = fabs(y[c] - sum) / terms;
+  }
+  return worst;
+}
+
+static double plain_read(const uint8_t *w, size_t bytes) {
+  __m256i a = _mm256_setzero_si256(), b = a;
+  for (size_t i = 0; i + 128 <= bytes; i += 128) {
+    a = _mm256_add_epi8(a, _mm256_load_si256((const __m256i *)(w + i)));
+    b = _mm256_add_epi8(b, _mm256_load_si256((const __m256i *)(w + i + 32)));
+    a = _mm256_add_epi8(a, _mm256_load_si256((const __m256i *)(w + i + 64)));
+    b = _mm256_add_epi8(b, _mm256_load_si256((const __m256i *)(w + i + 96)));
+  }
+  return _mm256_extract_epi32(_mm256_add_epi8(a, b), 0);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) die("usage: bench_matvec ROUNDS SPEC [SPEC ...]");
+  int rounds = atoi(argv[1]), kinds = argc - 2;
+  if (rounds < 1 || kinds > MAX_KINDS) die("ROUNDS must be >= 1, at most 8 SPECs");
+  static spec_t specs[MAX_KINDS];
+  size_t bytes = 0, kmax = 0;
+  for (int i = 0; i < kinds; i++) {
+    parse(argv[2 + i], &specs[i]);
+    if (specs[i].bytes > bytes) bytes = specs[i].bytes;
+    for (size_t j = 0; j < specs[i].count; j++) if (specs[i].k[j] > kmax) kmax = specs[i].k[j];
+  }
+  size_t mapped = (bytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+  uint8_t *w = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (w == MAP_FAILED) die("cannot map the weights");
+  madvise(w, mapped, MADV_HUGEPAGE);
+  uint64_t r = 0x9E3779B97F4A7C15ull; /* xorshift; & 0x77: no fp8 NaN codes (0x7F, 0xFF) */
+  for (size_t i = 0; i < mapped; i += 8) {
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    uint64_t v = r & 0x7777777777777777ull;
+    memcpy(w + i, &v, 8);
+  }
+  float *x = aligned_alloc(64, (kmax * 4 + 63) / 64 * 64), *y = aligned_alloc(64, 4u << 20);
+  if (!x || !y) die("out of memory");
+  for (size_t i = 0; i < kmax; i++) x[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 300.0f;
+  _mm_setcsr(_mm_getcsr() | 0x8040); /* FTZ | DAZ, as IREE's workers run */
+  for (int i = 0; i < kinds; i++) {
+    for (size_t j = 0; j < specs[i].count; j++)
+      if (specs[i].groups[j] * specs[i].group > (1u << 20)) die("a product with over 2^20 channels");
+    printf("check %s %.3e\n", specs[i].kind, check(&specs[i], x, w, y));
+  }
+  volatile double sink = 0;
+  for (int round = 0; round <= rounds; round++) { /* round 0 warms up */
+    for (int j = 0; j < kinds; j++) {
+      const spec_t *s = &specs[round & 1 ? kinds - 1 - j : j];
+      double t0 = now();
+      sink += plain_read(w, s->bytes);
+      double t1 = now();
+      products(s, x, w, y);
+      double t2 = now();
+      if (round) printf("round %d %s %.6f %.6f %zu\n", round, s->kind, t1 - t0, t2 - t1, s->bytes);
+    }
+    fflush(stdout);
+  }
+  return 0;
+}
