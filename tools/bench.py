@@ -26,6 +26,8 @@ are reported, with each llmc figure's ratio to eager f32 and eager bf16 from the
 decode as a fraction of its roofline: bandwidth / bytes of weights one decode step streams (every
 parameter but the embedding table, which decode only gathers one row of, at 4/2/1 bytes per weight
 for f32/bf16/fp8; the KV cache and fp8 scales are left out, so the roofline is slightly optimistic).
+Beside it, each round's decode over the read taken at the start of that same round (median and range over
+the rounds): the machine's read rate drifts between rounds, and this pairing leaves that drift out.
 
 Writes OUT/bench.json (every sample, medians, ratios, machine facts), OUT/bench.md (the table) and
 OUT/bench.png (tok/s by engine and thread count; needs matplotlib). Figures hold for this machine
@@ -236,7 +238,9 @@ def worker(spec: dict) -> dict:
 
 
 def summarize(result: dict, streamed: int) -> list[dict]:
-    """One row per (phase, engine): median tok/s, ratios to eager f32/bf16, decode % of roofline."""
+    """One row per (phase, engine): median tok/s, ratios to eager f32/bf16, decode % of roofline: the median
+    decode over the median read rate, and each round's decode over that round's own read (the read is taken
+    at the start of every round, so this pairing leaves out the drift between rounds; its median and range)."""
     rows = []
     med = {name: {k: statistics.median(v) for k, v in s.items()} for name, s in result["samples"].items()}
     for phase in ("prefill", "decode"):
@@ -250,6 +254,9 @@ def summarize(result: dict, streamed: int) -> list[dict]:
                 roofline = result["bandwidth_gb_s"] * 1e9 / (streamed * BYTES_PER_WEIGHT[dtype])
                 row["roofline_tok_s"] = roofline
                 row["pct_roofline"] = 100 * m[phase] / roofline
+                per_step = streamed * BYTES_PER_WEIGHT[dtype] / 1e9  # GB one step streams
+                row["pct_roofline_rounds"] = [100 * tok_s * per_step / bw for tok_s, bw in
+                                              zip(result["samples"][name][phase], result["bandwidth_samples"])]
             rows.append(row)
     return rows
 
@@ -267,11 +274,14 @@ def markdown(report: dict) -> str:
         head += "llmc weights: " + "; ".join(
             f"{name}: {mode} ({why})" + (f", {huge[0] / 1e9:.2f} GB of IREE's load-time memory {huge[1]} into 2 MB pages" if huge[0] else "")
             for name, (mode, why, huge) in weights.items()) + "\n\n"
-    lines = ["| phase | engine | threads | tok/s | vs eager f32 | vs eager bf16 | % of roofline |", "|---|---|---|---|---|---|---|"]
+    lines = ["| phase | engine | threads | tok/s | vs eager f32 | vs eager bf16 | % of roofline | % of its round's read: median (range) |",
+             "|---|---|---|---|---|---|---|---|"]
     fmt = lambda v, f: f.format(v) if v is not None else "-"
     for r in report["rows"]:
+        rounds = r.get("pct_roofline_rounds")
+        per_round = f"{statistics.median(rounds):.0f}% ({min(rounds):.0f}-{max(rounds):.0f}%)" if rounds else "-"
         lines.append(f"| {r['phase']} | {r['engine']} | {r['threads']} | {r['tok_s']:.1f} | {fmt(r.get('vs eager f32'), '{:.2f}x')} | "
-                     f"{fmt(r.get('vs eager bf16'), '{:.2f}x')} | {fmt(r.get('pct_roofline'), '{:.0f}%')} |")
+                     f"{fmt(r.get('vs eager bf16'), '{:.2f}x')} | {fmt(r.get('pct_roofline'), '{:.0f}%')} | {per_round} |")
     return head + "\n".join(lines) + "\n"
 
 

@@ -78,8 +78,13 @@ def test_decode_roofline_uses_the_streamed_weight_bytes(reports, which):
             per_weight = {"fp8": 1, "f32": 4, "bf16": 2}[r["engine"].split()[1]]
             assert r["roofline_tok_s"] == pytest.approx(bw * 1e9 / (rep["streamed_parameters"] * per_weight))
             assert r["pct_roofline"] == pytest.approx(100 * r["tok_s"] / r["roofline_tok_s"])
+            # each round's decode against the read taken in that round
+            samples = rep["runs"][0]["samples"][r["engine"]]["decode"]
+            assert len(r["pct_roofline_rounds"]) == rep["reps"] == len(samples)
+            for pct, tok_s, round_bw in zip(r["pct_roofline_rounds"], samples, rep["runs"][0]["bandwidth_samples"]):
+                assert pct == pytest.approx(100 * tok_s * rep["streamed_parameters"] * per_weight / (round_bw * 1e9))
         else:
-            assert "pct_roofline" not in r
+            assert "pct_roofline" not in r and "pct_roofline_rounds" not in r
 
 
 @pytest.mark.parametrize("which, builds", [("kernels", ["fp8", "fp8-nokernels"]), ("buckets", ["fp8-b8-nokernels"])])
