@@ -105,6 +105,8 @@ def summarize(lines: list[str]) -> dict:
     out: dict[str, dict] = {}
     for line in lines:
         f = line.split()
+        if f and f[0] == "huge":
+            continue
         if f and f[0] == "check":
             out.setdefault(f[1], {"rounds": []})["check"] = float(f[2])
         elif f and f[0] == "round":
@@ -150,7 +152,12 @@ def main(argv=None) -> int:
     if proc.returncode:
         print(f"bench_matvec: the driver failed ({proc.returncode}): {proc.stderr.strip()}", file=sys.stderr)
         return 1
-    result = summarize(proc.stdout.splitlines())
+    lines = proc.stdout.splitlines()
+    result = summarize(lines)
+    huge = next((int(line.split()[1]) for line in lines if line.startswith("huge ")), -1)
+    weights = max(r["rounds"][0]["bytes"] for r in result.values())
+    print(f"bench_matvec: weights {weights / 1e9:.2f} GB, of which in 2 MB pages: "
+          + (f"{min(huge, weights) / 1e9:.2f} GB" if huge >= 0 else "unknown (no /proc/self/smaps_rollup)"), file=sys.stderr)
     print(f"| kind | GB of weights | kernels GB/s (range) | plain read GB/s | kernels / read, per round (range) | check |")
     print("|---|---|---|---|---|---|")
     for kind in args.kinds:
@@ -160,7 +167,7 @@ def main(argv=None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"config": args.config, "layers": layers, "head": not args.no_head, "arch": args.arch,
-                                         "kinds": result}, indent=1))
+                                         "huge_page_bytes": huge, "weight_bytes": weights, "kinds": result}, indent=1))
     return 0
 
 

@@ -57,6 +57,7 @@ def test_runs_each_kind_and_its_sums_match_the_decoded_weights(tmp_path, capsys)
     for kind, g in (("fp8", 32), ("int8", 8), ("bf16", 32)):
         want = sum(-(-n // g) * g * k for n, k in shapes) * bench_matvec.BYTES[kind]
         assert report["kinds"][kind]["rounds"][0]["bytes"] == want
+    assert report["weight_bytes"] == max(r["rounds"][0]["bytes"] for r in report["kinds"].values())
 
 
 def test_bad_usage_is_one_line_and_exit_2(capsys):

@@ -13,6 +13,8 @@
  * round to round): a plain read of the kind's bytes (four 256-bit loads per 128 bytes), then every product.
  *
  * Prints, one line each:
+ *   huge BYTES          how much of the process's anonymous memory is in 2 MB pages, after the fill (the kernel
+ *                       may give fewer than asked for: /sys/kernel/mm/transparent_hugepage)
  *   check KIND ERROR    the first product against a double-precision sum of the same decoded weights:
  *                       max over channels of |error| / sum |x w|
  *   round R KIND READ_S KERNEL_S BYTES
@@ -130,6 +132,16 @@ static double check(const spec_t *s, const float *x, const uint8_t *w, float *y)
   return worst;
 }
 
+static long long anon_huge_bytes(void) {
+  FILE *f = fopen("/proc/self/smaps_rollup", "r");
+  char line[256];
+  long long kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "AnonHugePages:", 14)) kb = atoll(line + 14);
+  if (f) fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
 static double plain_read(const uint8_t *w, size_t bytes) {
   __m256i a = _mm256_setzero_si256(), b = a;
   for (size_t i = 0; i + 128 <= bytes; i += 128) {
@@ -165,6 +177,7 @@ int main(int argc, char **argv) {
   float *x = aligned_alloc(64, (kmax * 4 + 63) / 64 * 64), *y = aligned_alloc(64, 4u << 20);
   if (!x || !y) die("out of memory");
   for (size_t i = 0; i < kmax; i++) x[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 300.0f;
+  printf("huge %lld\n", anon_huge_bytes());
   _mm_setcsr(_mm_getcsr() | 0x8040); /* FTZ | DAZ, as IREE's workers run */
   for (int i = 0; i < kinds; i++) {
     for (size_t j = 0; j < specs[i].count; j++)
