@@ -21,8 +21,8 @@ this module turns each into an IREE dispatch of that C function:
 
 Why: IREE 3.13's vectorized loop reads one group of channels at a time with no software prefetch,
 and is bound by how far its loads run ahead of its arithmetic; the C loop reads a workgroup's groups
-one after the other as one sequential stream (bf16 and int8 groups of 64 KiB or more 2 and 4 side by
-side, bf16's every group on Zen 3: BF16_PAIR_MIN_K_BY_CPU; int8's and fp8's with a prefetch ahead), fp8 (32 channels a group) decodes
+one after the other as one sequential stream (bf16 groups of 64 KiB or more 2 side by side, bf16's
+every group on Zen 3: BF16_PAIR_MIN_K_BY_CPU; int8's and fp8's with a prefetch ahead), fp8 (32 channels a group) decodes
 32 codes from one load without a shuffle, and a K step of a bf16 group (32 channels) is one cache
 line. Measured in docs/targets.md ("cpu matvec kernels").
 
@@ -375,10 +375,10 @@ _GEMM_DECL = re.compile(rf"^(\s*)func\.func private @({GEMM_DECL_PREFIX}({'|'.jo
 def groups_per_workgroup(kind: str, groups: int, k: int) -> int:
     """How many groups of G channels one workgroup computes: about BYTES_PER_WORKGROUP of weight, fewer
     when that would leave under MIN_WORKGROUPS workgroups, in whole steps of the C loop's side-by-side
-    form (4 groups of 8 channels, else 2; that form runs for bf16 and int8 groups of 64 KiB or more
-    only, and the decode timings in docs/targets.md were taken with this rounding everywhere)."""
+    form (2; that form runs for bf16 groups of 64 KiB or more only, and the decode timings in
+    docs/targets.md were taken with this rounding everywhere)."""
     elem, group = KINDS[kind]
-    step = 4 if group == 8 else 2
+    step = 2
     per = max(1, BYTES_PER_WORKGROUP // (k * group * (1 if elem == "i8" else 2)))
     per = min(per, -(-groups // MIN_WORKGROUPS))
     return -(-per // step) * step

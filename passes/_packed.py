@@ -46,8 +46,10 @@ PACK = 8  # default output channels per packed group: one AVX2 f32 vector (docs/
 # Output channels per packed group where compiler/ukernels.py's C kernel computes the one-row products
 # (the C code's layout). fp8: 32, one 256-bit load of codes per K step, decoded without a shuffle
 # (21 vs 16.5 GB/s on one core with G = 8; docs/targets.md "cpu matvec kernels"). bf16: 32, a K step
-# of a group is one 64-byte line (19.7 vs 15.9 GB/s with G = 16 on a 2048 x 768 product, Zen 4).
-KERNEL_GROUPS = {"fp8": 32, "int8": 8, "bf16": 32, "f32": 16}  # f32: the many-row kernel only (passes/f32_gemm_weights.py)
+# of a group is one 64-byte line (19.7 vs 15.9 GB/s with G = 16 on a 2048 x 768 product, Zen 4). int8:
+# 32, one 32-byte row and one x broadcast per K step (0.86-0.87 vs 0.61-0.66 of a plain read over the
+# Llama-3-8B-shaped products with G = 8, one Zen 4 core; docs/targets.md "cpu matvec kernels").
+KERNEL_GROUPS = {"fp8": 32, "int8": 32, "bf16": 32, "f32": 16}  # f32: the many-row kernel only (passes/f32_gemm_weights.py)
 KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
 KERNEL_OPTION = "matvec_kernels"  # ctx.options: True when compiler/ukernels.py's kernels serve this target
 
@@ -72,8 +74,9 @@ def define_kernel_op(kind: str, decode: Callable) -> None:
 
 
 GEMM_OPS: dict[str, object] = {}  # kind -> torch.ops.llmc.gemm_<kind>.default
-# the C loop takes int8's 8-channel groups in pairs (one 16-wide panel): an odd count keeps IREE's matmul
-GEMM_GROUP_MULTIPLE = {"int8": 2}
+# groups a many-row C loop must take together (none since int8's groups are 32 channels, two 16-wide
+# panels each, as fp8's; with 8-channel groups it took them in pairs and an odd count kept IREE's matmul)
+GEMM_GROUP_MULTIPLE: dict[str, int] = {}
 
 
 def define_gemm_op(kind: str, decode: Callable) -> None:

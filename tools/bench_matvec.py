@@ -65,7 +65,8 @@ def products(config, layers: int, head: bool) -> list[tuple[int, int]]:
 
 
 def spec(kind: str, shapes: list[tuple[int, int]], arch: str) -> str:
-    """The driver's SPEC for `kind`: its C function, the bf16 stream threshold, GROUPSxKxPER per product."""
+    """The driver's SPEC for `kind`: its C function, the bf16 stream threshold, the packed group's channels
+    (the layout the compile packs for the kernels), GROUPSxKxPER per product."""
     from llmc.compiler import ukernels
 
     group = ukernels.KINDS[kind][1]
@@ -74,7 +75,7 @@ def spec(kind: str, shapes: list[tuple[int, int]], arch: str) -> str:
     for n, k in shapes:
         groups = -(-n // group)
         items.append(f"{groups}x{k}x{ukernels.groups_per_workgroup(kind, groups, k)}")
-    return f"{kind}:{function}:{pair_min_k}:{','.join(items)}"
+    return f"{kind}:{function}:{pair_min_k}:{group}:{','.join(items)}"
 
 
 def build(folder: Path) -> Path:

@@ -5,13 +5,13 @@
  * compiler and rewrites each `llmc.matvec_*` op into a dispatch that calls it). A decode step's
  * linear layers are these products: y[1, N] = x[1, K] @ w[N, K].T, the weight read once from its
  * narrow packed form P[N/G, K, G] (P[b, k, j] = w[G*b + j, k]; passes/_packed.py), decoded in
- * registers and multiplied in f32. G is 32 for fp8 and bf16, 8 for int8 (_packed.KERNEL_GROUPS).
+ * registers and multiplied in f32. G is 32 for fp8, bf16 and int8 (_packed.KERNEL_GROUPS).
  *
  * Why by hand: IREE 3.13's vectorizer reads one group of G channels at a time, with no software
  * prefetch, and that loop is bound by how far its loads run ahead of its arithmetic (docs/targets.md,
  * "cpu matvec kernels"). Here a workgroup's groups of channels are read one after the other, one
  * sequential stream (faster than several side by side on one Zen 4 core), except groups of 64 KiB or
- * more of bf16 (2 side by side; on Zen 3 every bf16 group: the caller's `pair_min_k`) and int8 (4);
+ * more of bf16 (2 side by side; on Zen 3 every bf16 group: the caller's `pair_min_k`);
  * int8's and fp8's loops prefetch ahead. bf16 has a second form for CPUs with AVX-512F (one 64-byte
  * load and two decodes per K step: llmc_matvec_bf16_avx512), chosen when the module is compiled. A workgroup
  * computes `per_wg` groups (the caller sizes it: compiler/ukernels.py).
@@ -21,8 +21,7 @@
  *   fp8  (E4M3FN codes): bits (code & 0x80) << 24 | (code & 0x7F) << 20 read as f32 = value x 2^-120
  *   int8 (signed codes): the integer as f32
  *   bf16 (bf16 bits):    bits << 16 read as f32 (exact)
- * Only the f32 summation order differs from the graph: 2 partial sums per channel (even and odd k),
- * 4 in int8's one-group loop (k mod 4).
+ * Only the f32 summation order differs from the graph: 2 partial sums per channel (even and odd k).
  *
  * Embedded-ELF rules (IREE loads the executable itself): no libc, no globals, no TLS, no syscalls.
  *
@@ -49,70 +48,34 @@ static inline __m256 dec_bf16(const uint16_t *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-/* ---- 8-channel groups (int8): one group at a time, or 4 side by side from K = 8192 ----
+/* ---- 32-channel groups (int8): one group at a time ----
  *
- * Four groups side by side only where a group is 64 KiB or more; smaller groups one after the other
- * (4 partial sums per channel), so a workgroup's weights are one sequential stream. small-125m int8
- * decode at 1 thread, both forms alternating in one process: 119.9 -> 177.3 tok/s; 2 threads 153.7 ->
- * 168.1. For the 8B's K = 14336 (112 KiB groups) the 4 streams stay faster at 1 thread: 2.57 against
- * 2.42 tok/s read as one stream (docs/targets.md "cpu matvec kernels"). */
+ * A K step of a group is one 32-byte row: four 8-code widening loads (vpmovsxbd), four int -> f32
+ * conversions, four FMAs and one broadcast of x, each 8-lane sum holding 8 consecutive channels (no
+ * transpose at the end). Until 2026-12-01 int8 had 8-channel groups: a 64-byte line was eight K steps,
+ * so eight widening loads and eight broadcasts, and one core read 0.61 of a plain read over the
+ * Llama-3-8B-shaped products against 0.86-0.87 for this loop (tools/bench_matvec.py's driver; docs/
+ * targets.md "cpu matvec kernels"). One group at a time, so a workgroup's weights are one sequential
+ * stream, with a prefetch ahead as fp8's; even and odd k in two partial sums per channel. */
 
-#define INT8_QUAD_MIN_K 8192
+static inline void int8_fma(const int8_t *p, __m256 x, __m256 a[4]) {
+  for (int j = 0; j < 4; j++) a[j] = _mm256_fmadd_ps(dec_int8(p + 8 * j), x, a[j]);
+}
 
 static inline void int8_groups(const float *restrict x, const int8_t *restrict p, float *restrict y,
                                size_t k, size_t first, size_t count) {
-  size_t b = first, end = first + count;
-  for (; k >= INT8_QUAD_MIN_K && b + 4 <= end; b += 4) {
-    const int8_t *p0 = p + b * k * 8, *p1 = p0 + k * 8, *p2 = p1 + k * 8, *p3 = p2 + k * 8;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+  for (size_t b = first; b < first + count; b++) {
+    const int8_t *p0 = p + b * k * 32;
+    __m256 a[4], c[4];
+    for (int j = 0; j < 4; j++) a[j] = c[j] = _mm256_setzero_ps();
     size_t i = 0;
     for (; i + 2 <= k; i += 2) {
-      if ((i & 7) == 0) {
-        _mm_prefetch((const char *)(p0 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p1 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p2 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p3 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);
-      }
-      __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);
-      a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), x0, a0);
-      a1 = _mm256_fmadd_ps(dec_int8(p1 + i * 8), x0, a1);
-      a2 = _mm256_fmadd_ps(dec_int8(p2 + i * 8), x0, a2);
-      a3 = _mm256_fmadd_ps(dec_int8(p3 + i * 8), x0, a3);
-      c0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 8), x1, c0);
-      c1 = _mm256_fmadd_ps(dec_int8(p1 + i * 8 + 8), x1, c1);
-      c2 = _mm256_fmadd_ps(dec_int8(p2 + i * 8 + 8), x1, c2);
-      c3 = _mm256_fmadd_ps(dec_int8(p3 + i * 8 + 8), x1, c3);
+      _mm_prefetch((const char *)(p0 + i * 32) + PREFETCH_BYTES, _MM_HINT_T0);
+      int8_fma(p0 + i * 32, _mm256_broadcast_ss(x + i), a);
+      int8_fma(p0 + i * 32 + 32, _mm256_broadcast_ss(x + i + 1), c);
     }
-    if (i < k) {
-      __m256 x0 = _mm256_broadcast_ss(x + i);
-      a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), x0, a0);
-      a1 = _mm256_fmadd_ps(dec_int8(p1 + i * 8), x0, a1);
-      a2 = _mm256_fmadd_ps(dec_int8(p2 + i * 8), x0, a2);
-      a3 = _mm256_fmadd_ps(dec_int8(p3 + i * 8), x0, a3);
-    }
-    _mm256_storeu_ps(y + b * 8, _mm256_add_ps(a0, c0));
-    _mm256_storeu_ps(y + b * 8 + 8, _mm256_add_ps(a1, c1));
-    _mm256_storeu_ps(y + b * 8 + 16, _mm256_add_ps(a2, c2));
-    _mm256_storeu_ps(y + b * 8 + 24, _mm256_add_ps(a3, c3));
-  }
-  for (; b < end; b++) {
-    const int8_t *p0 = p + b * k * 8;
-    __m256 a0 = _mm256_setzero_ps(), c0 = a0, a1 = a0, c1 = a0;
-    size_t i = 0;
-    for (; i + 4 <= k; i += 4) {
-      if ((i & 7) == 0) _mm_prefetch((const char *)(p0 + i * 8 + PREFETCH_BYTES), _MM_HINT_T0);
-      a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);
-      c0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 8), _mm256_broadcast_ss(x + i + 1), c0);
-      a1 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 16), _mm256_broadcast_ss(x + i + 2), a1);
-      c1 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 24), _mm256_broadcast_ss(x + i + 3), c1);
-    }
-    a0 = _mm256_add_ps(a0, a1); c0 = _mm256_add_ps(c0, c1);
-    for (; i + 2 <= k; i += 2) {
-      a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);
-      c0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8 + 8), _mm256_broadcast_ss(x + i + 1), c0);
-    }
-    if (i < k) a0 = _mm256_fmadd_ps(dec_int8(p0 + i * 8), _mm256_broadcast_ss(x + i), a0);
-    _mm256_storeu_ps(y + b * 8, _mm256_add_ps(a0, c0));
+    if (i < k) int8_fma(p0 + i * 32, _mm256_broadcast_ss(x + i), a);
+    for (int j = 0; j < 4; j++) _mm256_storeu_ps(y + b * 32 + 8 * j, _mm256_add_ps(a[j], c[j]));
   }
 }
 
@@ -392,7 +355,7 @@ static inline void f32_gemm_groups(const float *restrict x, const float *restric
 /* ---- many-row products over fp8 and int8 groups: decoded a K block at a time ----
  *
  * Their decode costs more instructions than bf16's shift, and a 6-row block would repeat it for every
- * block of rows; instead each 16-channel panel (half an fp8 group, or two int8 groups) is decoded
+ * block of rows; instead each 16-channel panel (half an fp8 or int8 group) is decoded
  * GEMM_KB rows of K at a time into an f32 buffer on the stack (8 KiB a panel), and the same 6 x 16
  * block runs over the buffer, adding to y after the first K block. */
 
@@ -424,19 +387,21 @@ static inline void fp8_gemm_groups(const float *restrict x, const int8_t *restri
   }
 }
 
-/* int8: 8-channel groups b, b + 1 -> one 16-wide panel per K block (count is even: compiler/ukernels.py) */
+/* int8: 32-channel group b -> two 16-wide panels per K block (channels 0..15 and 16..31 of each row) */
 static inline void int8_gemm_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t m,
                                     size_t k, size_t n, size_t first, size_t count) {
-  float w[GEMM_KB * 16] __attribute__((aligned(32)));
-  for (size_t b = first; b + 2 <= first + count; b += 2) {
-    const int8_t *p0 = p + b * k * 8, *p1 = p0 + k * 8;
+  float w[2][GEMM_KB * 16] __attribute__((aligned(32)));
+  for (size_t b = first; b < first + count; b++) {
+    const int8_t *pb = p + b * k * 32;
     for (size_t k0 = 0; k0 < k; k0 += GEMM_KB) {
       size_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;
-      for (size_t i = 0; i < kb; i++) {
-        _mm256_store_ps(w + i * 16, dec_int8(p0 + (k0 + i) * 8));
-        _mm256_store_ps(w + i * 16 + 8, dec_int8(p1 + (k0 + i) * 8));
-      }
-      gemm_f32_panel(x + k0, m, k, kb, w, y + b * 8, n, k0 == 0);
+      for (size_t i = 0; i < kb; i++)
+        for (int h = 0; h < 2; h++) {
+          _mm256_store_ps(w[h] + i * 16, dec_int8(pb + (k0 + i) * 32 + 16 * h));
+          _mm256_store_ps(w[h] + i * 16 + 8, dec_int8(pb + (k0 + i) * 32 + 16 * h + 8));
+        }
+      gemm_f32_panel(x + k0, m, k, kb, w[0], y + b * 32, n, k0 == 0);
+      gemm_f32_panel(x + k0, m, k, kb, w[1], y + b * 32 + 16, n, k0 == 0);
     }
   }
 }
@@ -503,7 +468,7 @@ void llmc_matvec_bf16_avx512(MEMREF(const float, x), MEMREF(const uint16_t, p), 
 
 GEMM_ENTRY(bf16, uint16_t, 32)
 GEMM_ENTRY(fp8, int8_t, 32)
-GEMM_ENTRY(int8, int8_t, 8)
+GEMM_ENTRY(int8, int8_t, 32)
 GEMM_ENTRY(f32, float, 16)
 
 /* ---- decode attention: one query row per head over the first L rows of an f32 or bf16 KV cache ----

@@ -95,10 +95,10 @@ def _run_linked(tmp_path, text: str, x: torch.Tensor, p: torch.Tensor, cpu: str 
     return torch.from_numpy(np.load(tmp_path / "y.npy"))
 
 
-# groups x K: 8 groups (the 4- and 2-group loops only), 7 and 3 groups (the one-group tail), odd K (the last-k
-# tail). bf16 and int8 read groups side by side only from 64 KiB a group (K >= 1024 bf16, 8192 int8; one at a
-# time below, as fp8 always): 5 x 2053 runs bf16's pairs (2 groups per workgroup) and a one-group workgroup,
-# 5 x 8195 int8's 4-group loop and its tail
+# groups x K: 8 groups (whole workgroups only), 7 and 3 groups (a workgroup with one group), odd K (the last-k
+# tail). bf16 reads groups side by side only from 64 KiB a group (K >= 1024; one at a time below, as fp8 and
+# int8 always): 5 x 2053 runs bf16's pairs (2 groups per workgroup) and a one-group workgroup; 5 x 8195 a large
+# K with an odd last k (int8's groups are 32 channels since 2026-12-01, 8 before)
 @pytest.mark.parametrize("kind, groups, k", [(kind, g, k) for kind in ("fp8", "int8", "bf16")
                                              for g, k in [(8, 64), (7, 37), (3, 768), (5, 2053)]] + [("int8", 5, 8195)])
 def test_compiled_kernel_matches_torch(tmp_path, kind, groups, k):
@@ -225,9 +225,11 @@ def test_compiled_gemm_kernel_with_a_dynamic_row_count(tmp_path, kind):
             _assert_within_summation_error(got[row:row + 1], x[row:row + 1], kind, codes)
 
 
-def test_int8_gemm_takes_its_groups_in_pairs():
-    assert [ukernels.gemm_groups_per_workgroup("int8", g) for g in (2, 32, 34, 96, 128)] == [2, 4, 4, 8, 2]
-    assert [ukernels.gemm_groups_per_workgroup("fp8", g) for g in (2, 32, 34, 96)] == [1, 3, 3, 1]
+def test_int8_gemm_takes_any_group_count_as_fp8_does():
+    """32-channel int8 groups are two 16-wide panels each, as fp8's: no kind needs its groups in pairs."""
+    assert ukernels.GEMM_GROUP_MULTIPLE == {} and ukernels.KINDS["int8"] == ("i8", 32)
+    for kind in ("int8", "fp8"):
+        assert [ukernels.gemm_groups_per_workgroup(kind, g) for g in (1, 2, 32, 33, 96)] == [1, 1, 3, 3, 1]
 
 
 @pytest.mark.parametrize("kind", ["bf16", "fp8", "int8", "f32"])
@@ -235,7 +237,7 @@ def test_gemm_workgroup_counts_avoid_few_large_claims(kind):
     """IREE's local-task hands out 8 workgroups at a claim once a dispatch has 8 per worker: a product's
     workgroup count is either small enough to go out one at a time at 2 workers (< 16) or large enough
     for 8 claims or more (>= 64), never 2-7 claims of 8 that leave a late worker holding the product up."""
-    step = 2 if kind == "int8" else 1
+    step = 1
     for groups in range(step, 1200, step):
         per = ukernels.gemm_groups_per_workgroup(kind, groups)
         workgroups = -(-groups // per)

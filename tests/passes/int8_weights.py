@@ -15,9 +15,11 @@
 # on cpu the codes are stored packed, [N/8, K, 8] (as fp8's): with two input rows the converted
 # weight is scaled and unpacked to [N, K] for the f32 matmul; with one row (a decode step) the
 # product is an elementwise multiply and a sum over K of the packed weight (K split (K/4, 4): four
-# partial sums per output), scaled per output after the sum. With the C kernels (KMM), a fixed number
-# of rows (two here; a prefill chunk's) goes through the many-row kernel where the groups pair up (the
-# first weight's 4 groups of 8), else (the second's one group) the unpacked matmul. On GPUs (gfx942, SPIR-V) the codes keep
+# partial sums per output), scaled per output after the sum. Where the C kernels compute the products
+# (KROW, KMM) the groups are 32 channels (rows padded with zero codes to 32): one row through the
+# matvec kernel, a fixed number of rows (two here; a prefill chunk's) through the many-row one, both
+# weights (with 8-channel groups until 2026-12-01 the second weight's one group kept the unpacked
+# matmul: the many-row loop took groups in pairs). On GPUs (gfx942, SPIR-V) the codes keep
 # the [N, K] layout and the f32 decode is cast to f16, the compute dtype there.
 import sys
 
@@ -66,8 +68,9 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 
 # KROW-LABEL:  func.func @main(%arg0: !torch.vtensor<[1,16],f32>)
 # KROW-NOT:    torch.aten.mm
-# KROW:        call @__llmc_matvec_int8_4x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<4x16x8xi8>) -> tensor<1x32xf32>
-# KROW:        call @__llmc_matvec_int8_1x32(%{{.*}}, %{{.*}}) : (tensor<1x32xf32>, tensor<1x32x8xi8>) -> tensor<1x8xf32>
+# KROW:        call @__llmc_matvec_int8_1x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<1x16x32xi8>) -> tensor<1x32xf32>
+# KROW:        call @__llmc_matvec_int8_1x32(%{{.*}}, %{{.*}}) : (tensor<1x32xf32>, tensor<1x32x32xi8>) -> tensor<1x32xf32>
+# KROW:        torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[1,8],f32>
 # KROW-NOT:    torch.aten.sum.dim_IntList
 # KROW:        flow.dispatch @__llmc_kernels::@matvec_int8
 # KROW:        func.call @llmc_matvec_int8(
@@ -93,10 +96,12 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 # GPUSTATS:    "per-channel int8": 2
 
 # KMM-LABEL:   func.func @main
-# KMM:         call @__llmc_gemm_int8_2x4x16(%{{.*}}, %{{.*}}) : (tensor<2x16xf32>, tensor<4x16x8xi8>) -> tensor<2x32xf32>
-# KMM:         torch.aten.mm {{.*}} : !torch.vtensor<[2,32],f32>, !torch.vtensor<[32,8],f32>
+# KMM:         call @__llmc_gemm_int8_2x1x16(%{{.*}}, %{{.*}}) : (tensor<2x16xf32>, tensor<1x16x32xi8>) -> tensor<2x32xf32>
+# KMM:         call @__llmc_gemm_int8_2x1x32(%{{.*}}, %{{.*}}) : (tensor<2x32xf32>, tensor<1x32x32xi8>) -> tensor<2x32xf32>
+# KMM:         torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[2,8],f32>
+# KMM-NOT:     torch.aten.mm
 # KMM:         flow.dispatch @__llmc_kernels::@gemm_int8
 # KMM:         func.call @llmc_gemm_int8(
 
-# KMMSTATS:    "per-channel int8, packed": 1
-# KMMSTATS:    "per-channel int8, packed, 1 fixed many-row product(s) as C kernel calls": 1
+# KMMSTATS-NOT: "per-channel int8, packed": 1
+# KMMSTATS:    "per-channel int8, packed, 1 fixed many-row product(s) as C kernel calls": 2

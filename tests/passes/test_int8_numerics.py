@@ -18,7 +18,7 @@ import torch
 
 import llmc
 from llmc.compiler import pipeline, targets
-from llmc.passes._packed import KERNEL_OPTION
+from llmc.passes._packed import KERNEL_GROUPS, KERNEL_OPTION, PACK
 from llmc.passes._quantized_weights import dequantized
 from llmc.passes.int8_weights import INT8, QMAX, decode, quantize
 
@@ -116,8 +116,9 @@ def test_pass_computes_with_the_dequantized_weights(model_cls, embeddings, token
         stored = program.state_dict[k]
         if k == "emb.weight" and model_cls is _Model:  # only gathered from: kept [rows, cols]
             assert torch.equal(stored, codes)
-        else:  # read by a product on cpu: 8 output channels side by side per K step, rows padded
-            assert stored.shape == (-(-rows // 8), cols, 8)
+        else:  # read by a product on cpu: G output channels side by side per K step (the C kernel's 32, else 8), rows padded
+            g = KERNEL_GROUPS["int8"] if kernels else PACK
+            assert stored.shape == (-(-rows // g), cols, g)
             unpacked = stored.permute(0, 2, 1).reshape(-1, cols)
             assert torch.equal(unpacked[:rows], codes) and not unpacked[rows:].any()
     # one-row products: the reduction graph, or llmc::matvec_int8 (eager: its torch definition)

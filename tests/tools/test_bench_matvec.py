@@ -31,10 +31,12 @@ def test_spec_carries_llmc_workgroup_split_and_the_bf16_function():
 
     text = bench_matvec.spec("fp8", [(4096, 4096), (4096, 14336)], "x86-64-v3")
     # 128 groups of 32 at K = 4096: 128 KiB a group, two a workgroup (the loop's step); K = 14336 likewise
-    assert text == (f"fp8:llmc_matvec_fp8:0:128x4096x{ukernels.groups_per_workgroup('fp8', 128, 4096)},"
+    assert text == (f"fp8:llmc_matvec_fp8:0:32:128x4096x{ukernels.groups_per_workgroup('fp8', 128, 4096)},"
                     f"128x14336x{ukernels.groups_per_workgroup('fp8', 128, 14336)}")
     pair_min_k, function = ukernels.bf16_matvec("x86-64-v3")
-    assert bench_matvec.spec("bf16", [(256, 768)], "x86-64-v3").startswith(f"bf16:{function}:{pair_min_k}:8x768x")
+    assert bench_matvec.spec("bf16", [(256, 768)], "x86-64-v3").startswith(f"bf16:{function}:{pair_min_k}:32:8x768x")
+    # int8's groups as the compile packs them (32 channels since 2026-12-01)
+    assert bench_matvec.spec("int8", [(256, 768)], "x86-64-v3").startswith(f"int8:llmc_matvec_int8:0:{ukernels.KINDS['int8'][1]}:")
 
 
 def test_runs_each_kind_and_its_sums_match_the_decoded_weights(tmp_path, capsys):
@@ -54,7 +56,7 @@ def test_runs_each_kind_and_its_sums_match_the_decoded_weights(tmp_path, capsys)
     from llmc.models.llama.config import get_config
 
     shapes = bench_matvec.products(get_config("tiny"), get_config("tiny").n_layers, head=True)
-    for kind, g in (("fp8", 32), ("int8", 8), ("bf16", 32)):
+    for kind, g in (("fp8", 32), ("int8", ukernels.KINDS["int8"][1]), ("bf16", 32)):
         want = sum(-(-n // g) * g * k for n, k in shapes) * bench_matvec.BYTES[kind]
         assert report["kinds"][kind]["rounds"][0]["bytes"] == want
     assert report["weight_bytes"] == max(r["rounds"][0]["bytes"] for r in report["kinds"].values())

@@ -3,11 +3,11 @@
  * a plain read of the same bytes, in one process. Not part of any module llmc builds.
  *
  *   bench_matvec ROUNDS SPEC [SPEC ...]
- *   SPEC = KIND:FUNCTION:PAIR_MIN_K:GROUPSxKxPER[,GROUPSxKxPER ...]   (products in the order a step runs them)
+ *   SPEC = KIND:FUNCTION:PAIR_MIN_K:G:GROUPSxKxPER[,GROUPSxKxPER ...]   (products in the order a step runs them)
  *
- * KIND is fp8, int8 or bf16 (1, 1, 2 bytes a weight; 32, 8, 32 channels a group); FUNCTION the C function the
- * compile would call for it (llmc_matvec_bf16 or llmc_matvec_bf16_avx512 for bf16); PAIR_MIN_K the bf16 loop's
- * threshold. The weights lie one product after the other in one buffer of 2 MB pages (as llmc's resident
+ * KIND is fp8, int8 or bf16 (1, 1, 2 bytes a weight); FUNCTION the C function the compile would call for it
+ * (llmc_matvec_bf16 or llmc_matvec_bf16_avx512 for bf16); PAIR_MIN_K the bf16 loop's threshold; G the channels
+ * of a packed group (passes/_packed.py KERNEL_GROUPS: the layout the kernels read). The weights lie one product after the other in one buffer of 2 MB pages (as llmc's resident
  * weights), each product called workgroup by workgroup, in order, as IREE's local-sync device calls them; the
  * MXCSR flushes denormals as IREE's workers do. Each round times, per kind (kinds in alternating order from
  * round to round): a plain read of the kind's bytes (four 256-bit loads per 128 bytes), then every product.
@@ -61,16 +61,18 @@ static void die(const char *what) {
 
 static void parse(const char *arg, spec_t *s) {
   const char *c1 = strchr(arg, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL, *c3 = c2 ? strchr(c2 + 1, ':') : NULL;
-  if (!c3 || c1 - arg >= (long)sizeof s->kind || c2 - c1 - 1 >= (long)sizeof s->function) die("bad SPEC");
+  const char *c4 = c3 ? strchr(c3 + 1, ':') : NULL;
+  if (!c4 || c1 - arg >= (long)sizeof s->kind || c2 - c1 - 1 >= (long)sizeof s->function) die("bad SPEC");
   memset(s, 0, sizeof *s);
   memcpy(s->kind, arg, c1 - arg);
   memcpy(s->function, c1 + 1, c2 - c1 - 1);
   s->pair_min_k = strtoull(c2 + 1, NULL, 10);
-  if (!strcmp(s->kind, "fp8")) s->group = 32, s->elem = 1;
-  else if (!strcmp(s->kind, "int8")) s->group = 8, s->elem = 1;
-  else if (!strcmp(s->kind, "bf16")) s->group = 32, s->elem = 2;
+  s->group = strtoull(c3 + 1, NULL, 10);
+  if (!strcmp(s->kind, "fp8") || !strcmp(s->kind, "int8")) s->elem = 1;
+  else if (!strcmp(s->kind, "bf16")) s->elem = 2;
   else die("KIND must be fp8, int8 or bf16");
-  for (const char *p = c3 + 1; *p;) {
+  if (s->group != 8 && s->group != 32) die("G must be 8 or 32");
+  for (const char *p = c4 + 1; *p;) {
     if (s->count == MAX_PRODUCTS) die("too many products");
     char *end;
     s->groups[s->count] = strtoull(p, &end, 10);
