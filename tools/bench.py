@@ -251,11 +251,10 @@ def summarize(result: dict, streamed: int) -> list[dict]:
                     row[f"vs {ref}"] = m[phase] / med[ref][phase]
             dtype = name.split()[1]  # "llmc fp8", "llmc fp8 [portable]", "eager bf16"
             if phase == "decode":
-                roofline = result["bandwidth_gb_s"] * 1e9 / (streamed * BYTES_PER_WEIGHT[dtype])
-                row["roofline_tok_s"] = roofline
-                row["pct_roofline"] = 100 * m[phase] / roofline
-                per_step = streamed * BYTES_PER_WEIGHT[dtype] / 1e9  # GB one step streams
-                row["pct_roofline_rounds"] = [100 * tok_s * per_step / bw for tok_s, bw in
+                step_gb = streamed * BYTES_PER_WEIGHT[dtype] / 1e9  # what one decode step streams
+                row["roofline_tok_s"] = result["bandwidth_gb_s"] / step_gb
+                row["pct_roofline"] = 100 * m[phase] / row["roofline_tok_s"]
+                row["pct_roofline_rounds"] = [100 * tok_s * step_gb / bw for tok_s, bw in
                                               zip(result["samples"][name][phase], result["bandwidth_samples"])]
             rows.append(row)
     return rows

@@ -91,24 +91,16 @@ def build(folder: Path) -> Path:
     return exe
 
 
-def available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def summarize(lines: list[str]) -> dict:
-    """{kind: check error, samples (read s, kernel s, bytes) per round, medians} from the driver's output."""
+def summarize(lines: list[str]) -> tuple[dict, int]:
+    """({kind: check error, samples (read s, kernel s, bytes) per round, medians}, bytes in 2 MB pages or -1)
+    from the driver's output."""
     out: dict[str, dict] = {}
+    huge = -1
     for line in lines:
         f = line.split()
         if f and f[0] == "huge":
-            continue
-        if f and f[0] == "check":
+            huge = int(f[1])
+        elif f and f[0] == "check":
             out.setdefault(f[1], {"rounds": []})["check"] = float(f[2])
         elif f and f[0] == "round":
             read_s, kernel_s, nbytes = float(f[3]), float(f[4]), int(f[5])
@@ -119,7 +111,7 @@ def summarize(lines: list[str]) -> dict:
         ratios = [s["read_s"] / s["kernel_s"] for s in r["rounds"]]
         r.update(gb_s=statistics.median(rates), gb_s_range=[min(rates), max(rates)], read_gb_s=statistics.median(reads),
                  ratio=statistics.median(ratios), ratio_range=[min(ratios), max(ratios)])
-    return out
+    return out, huge
 
 
 def main(argv=None) -> int:
@@ -127,6 +119,7 @@ def main(argv=None) -> int:
     from llmc.compiler import ukernels
     from llmc.errors import CompileError
     from llmc.models.llama.config import get_config
+    from llmc.runtime.weights import mem_available
 
     if os.uname().machine != "x86_64" or ukernels.c_compiler() is None:
         print("bench_matvec: needs x86-64 and a C compiler (the kernels are x86-64 C)", file=sys.stderr)
@@ -135,8 +128,8 @@ def main(argv=None) -> int:
     layers = config.n_layers if args.layers is None else min(args.layers, config.n_layers)
     shapes = products(config, layers, not args.no_head)
     need = max(BYTES[k] for k in args.kinds) * sum(n * k for n, k in shapes)
-    free = available_bytes()
-    if free is not None and need > 0.7 * free:
+    free = mem_available()  # 0: unknown
+    if free and need > 0.7 * free:
         print(f"bench_matvec: {args.config} x {layers} layers is {need / 1e9:.1f} GB of {max(args.kinds, key=BYTES.get)} "
               f"weights, over 70% of the {free / 1e9:.1f} GB available: give fewer --layers", file=sys.stderr)
         return 2
@@ -153,9 +146,7 @@ def main(argv=None) -> int:
     if proc.returncode:
         print(f"bench_matvec: the driver failed ({proc.returncode}): {proc.stderr.strip()}", file=sys.stderr)
         return 1
-    lines = proc.stdout.splitlines()
-    result = summarize(lines)
-    huge = next((int(line.split()[1]) for line in lines if line.startswith("huge ")), -1)
+    result, huge = summarize(proc.stdout.splitlines())
     weights = max(r["rounds"][0]["bytes"] for r in result.values())
     print(f"bench_matvec: weights {weights / 1e9:.2f} GB, of which in 2 MB pages: "
           + (f"{min(huge, weights) / 1e9:.2f} GB" if huge >= 0 else "unknown (no /proc/self/smaps_rollup)"), file=sys.stderr)

@@ -58,26 +58,38 @@ static inline __m256 dec_bf16(const uint16_t *p) {
  * targets.md "cpu matvec kernels"). One group at a time, so a workgroup's weights are one sequential
  * stream, with a prefetch ahead as fp8's; even and odd k in two partial sums per channel. */
 
+/* The one-group loop of the 1-byte kinds (int8, fp8): a workgroup's 32-channel groups one after the other,
+ * a prefetch PREFETCH_BYTES ahead of the stream, even k into a[] and odd k into c[], added before
+ * STORE(y, sums) puts the group's 32 sums in channel order. FMA(row, x, sums) adds one K step's 32 codes. */
+#define PREFETCHED_GROUPS(NAME, FMA, STORE)                                                                \
+  static inline void NAME(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t k,   \
+                          size_t first, size_t count) {                                                    \
+    for (size_t b = first; b < first + count; b++) {                                                       \
+      const int8_t *p0 = p + b * k * 32;                                                                   \
+      __m256 a[4], c[4];                                                                                   \
+      for (int j = 0; j < 4; j++) a[j] = c[j] = _mm256_setzero_ps();                                       \
+      size_t i = 0;                                                                                        \
+      for (; i + 2 <= k; i += 2) {                                                                         \
+        _mm_prefetch((const char *)(p0 + i * 32) + PREFETCH_BYTES, _MM_HINT_T0);                           \
+        FMA(p0 + i * 32, _mm256_broadcast_ss(x + i), a);                                                   \
+        FMA(p0 + i * 32 + 32, _mm256_broadcast_ss(x + i + 1), c);                                          \
+      }                                                                                                    \
+      if (i < k) FMA(p0 + i * 32, _mm256_broadcast_ss(x + i), a);                                          \
+      for (int j = 0; j < 4; j++) a[j] = _mm256_add_ps(a[j], c[j]);                                        \
+      STORE(y + b * 32, a);                                                                                \
+    }                                                                                                      \
+  }
+
+/* one K step: a[j] lane l = channel 8j + l */
 static inline void int8_fma(const int8_t *p, __m256 x, __m256 a[4]) {
   for (int j = 0; j < 4; j++) a[j] = _mm256_fmadd_ps(dec_int8(p + 8 * j), x, a[j]);
 }
 
-static inline void int8_groups(const float *restrict x, const int8_t *restrict p, float *restrict y,
-                               size_t k, size_t first, size_t count) {
-  for (size_t b = first; b < first + count; b++) {
-    const int8_t *p0 = p + b * k * 32;
-    __m256 a[4], c[4];
-    for (int j = 0; j < 4; j++) a[j] = c[j] = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= k; i += 2) {
-      _mm_prefetch((const char *)(p0 + i * 32) + PREFETCH_BYTES, _MM_HINT_T0);
-      int8_fma(p0 + i * 32, _mm256_broadcast_ss(x + i), a);
-      int8_fma(p0 + i * 32 + 32, _mm256_broadcast_ss(x + i + 1), c);
-    }
-    if (i < k) int8_fma(p0 + i * 32, _mm256_broadcast_ss(x + i), a);
-    for (int j = 0; j < 4; j++) _mm256_storeu_ps(y + b * 32 + 8 * j, _mm256_add_ps(a[j], c[j]));
-  }
+static inline void int8_store(float *y, const __m256 a[4]) {
+  for (int j = 0; j < 4; j++) _mm256_storeu_ps(y + 8 * j, a[j]);
 }
+
+PREFETCHED_GROUPS(int8_groups, int8_fma, int8_store)
 
 /* ---- 32-channel groups (fp8): one group at a time ----
  *
@@ -126,23 +138,7 @@ static inline void fp8_store(float *y, const __m256 a[4]) {
   _mm256_storeu_ps(y + 24, _mm256_permute2f128_ps(d26, d37, 0x31));
 }
 
-static inline void fp8_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t k,
-                              size_t first, size_t count) {
-  for (size_t b = first; b < first + count; b++) { /* even and odd k apart */
-    const int8_t *p0 = p + b * k * 32;
-    __m256 a0[4], c0[4];
-    for (int j = 0; j < 4; j++) a0[j] = c0[j] = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= k; i += 2) {
-      _mm_prefetch((const char *)(p0 + i * 32) + PREFETCH_BYTES, _MM_HINT_T0);
-      fp8_fma(p0 + i * 32, _mm256_broadcast_ss(x + i), a0);
-      fp8_fma(p0 + i * 32 + 32, _mm256_broadcast_ss(x + i + 1), c0);
-    }
-    if (i < k) fp8_fma(p0 + i * 32, _mm256_broadcast_ss(x + i), a0);
-    for (int j = 0; j < 4; j++) a0[j] = _mm256_add_ps(a0[j], c0[j]);
-    fp8_store(y + b * 32, a0);
-  }
-}
+PREFETCHED_GROUPS(fp8_groups, fp8_fma, fp8_store)
 
 /* ---- 32-channel groups (bf16): one group at a time, or 2 side by side from K = 1024 ----
  *
@@ -361,50 +357,46 @@ static inline void f32_gemm_groups(const float *restrict x, const float *restric
 
 #define GEMM_KB 128
 
-/* fp8: 32-channel group b -> two 16-wide panels per K block (fp8_store's transpose, split in halves) */
-static inline void fp8_gemm_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t m,
-                                   size_t k, size_t n, size_t first, size_t count) {
-  float w[2][GEMM_KB * 16] __attribute__((aligned(32)));
-  for (size_t b = first; b < first + count; b++) {
-    const int8_t *pb = p + b * k * 32;
-    for (size_t k0 = 0; k0 < k; k0 += GEMM_KB) {
-      size_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;
-      for (size_t i = 0; i < kb; i++) {
-        __m256 d[4], t[4];
-        dec_fp8x32(pb + (k0 + i) * 32, d);
-        __m256 t0 = _mm256_unpacklo_ps(d[0], d[1]), t1 = _mm256_unpackhi_ps(d[0], d[1]);
-        __m256 t2 = _mm256_unpacklo_ps(d[2], d[3]), t3 = _mm256_unpackhi_ps(d[2], d[3]);
-        t[0] = _mm256_shuffle_ps(t0, t2, 0x44), t[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
-        t[2] = _mm256_shuffle_ps(t1, t3, 0x44), t[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
-        _mm256_store_ps(w[0] + i * 16, _mm256_permute2f128_ps(t[0], t[1], 0x20));
-        _mm256_store_ps(w[0] + i * 16 + 8, _mm256_permute2f128_ps(t[2], t[3], 0x20));
-        _mm256_store_ps(w[1] + i * 16, _mm256_permute2f128_ps(t[0], t[1], 0x31));
-        _mm256_store_ps(w[1] + i * 16 + 8, _mm256_permute2f128_ps(t[2], t[3], 0x31));
-      }
-      gemm_f32_panel(x + k0, m, k, kb, w[0], y + b * 32, n, k0 == 0);
-      gemm_f32_panel(x + k0, m, k, kb, w[1], y + b * 32 + 16, n, k0 == 0);
-    }
-  }
+/* fp8: one K row of a 32-channel group -> its two 16-wide panel rows (fp8_store's transpose, split in halves) */
+static inline void fp8_gemm_row(const int8_t *row, float *w0, float *w1) {
+  __m256 d[4], t[4];
+  dec_fp8x32(row, d);
+  __m256 t0 = _mm256_unpacklo_ps(d[0], d[1]), t1 = _mm256_unpackhi_ps(d[0], d[1]);
+  __m256 t2 = _mm256_unpacklo_ps(d[2], d[3]), t3 = _mm256_unpackhi_ps(d[2], d[3]);
+  t[0] = _mm256_shuffle_ps(t0, t2, 0x44), t[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+  t[2] = _mm256_shuffle_ps(t1, t3, 0x44), t[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+  _mm256_store_ps(w0, _mm256_permute2f128_ps(t[0], t[1], 0x20));
+  _mm256_store_ps(w0 + 8, _mm256_permute2f128_ps(t[2], t[3], 0x20));
+  _mm256_store_ps(w1, _mm256_permute2f128_ps(t[0], t[1], 0x31));
+  _mm256_store_ps(w1 + 8, _mm256_permute2f128_ps(t[2], t[3], 0x31));
 }
 
-/* int8: 32-channel group b -> two 16-wide panels per K block (channels 0..15 and 16..31 of each row) */
-static inline void int8_gemm_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t m,
-                                    size_t k, size_t n, size_t first, size_t count) {
-  float w[2][GEMM_KB * 16] __attribute__((aligned(32)));
-  for (size_t b = first; b < first + count; b++) {
-    const int8_t *pb = p + b * k * 32;
-    for (size_t k0 = 0; k0 < k; k0 += GEMM_KB) {
-      size_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;
-      for (size_t i = 0; i < kb; i++)
-        for (int h = 0; h < 2; h++) {
-          _mm256_store_ps(w[h] + i * 16, dec_int8(pb + (k0 + i) * 32 + 16 * h));
-          _mm256_store_ps(w[h] + i * 16 + 8, dec_int8(pb + (k0 + i) * 32 + 16 * h + 8));
-        }
-      gemm_f32_panel(x + k0, m, k, kb, w[0], y + b * 32, n, k0 == 0);
-      gemm_f32_panel(x + k0, m, k, kb, w[1], y + b * 32 + 16, n, k0 == 0);
-    }
-  }
+/* int8: one K row -> channels 0..15 and 16..31, in order */
+static inline void int8_gemm_row(const int8_t *row, float *w0, float *w1) {
+  _mm256_store_ps(w0, dec_int8(row));
+  _mm256_store_ps(w0 + 8, dec_int8(row + 8));
+  _mm256_store_ps(w1, dec_int8(row + 16));
+  _mm256_store_ps(w1 + 8, dec_int8(row + 24));
 }
+
+/* 32-channel groups of 1-byte codes: each K block of group b decoded by ROW into two 16-wide panels */
+#define PANEL_GEMM_GROUPS(NAME, ROW)                                                                       \
+  static inline void NAME(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t m,   \
+                          size_t k, size_t n, size_t first, size_t count) {                                \
+    float w[2][GEMM_KB * 16] __attribute__((aligned(32)));                                                 \
+    for (size_t b = first; b < first + count; b++) {                                                       \
+      const int8_t *pb = p + b * k * 32;                                                                   \
+      for (size_t k0 = 0; k0 < k; k0 += GEMM_KB) {                                                         \
+        size_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;                                                   \
+        for (size_t i = 0; i < kb; i++) ROW(pb + (k0 + i) * 32, w[0] + i * 16, w[1] + i * 16);             \
+        gemm_f32_panel(x + k0, m, k, kb, w[0], y + b * 32, n, k0 == 0);                                    \
+        gemm_f32_panel(x + k0, m, k, kb, w[1], y + b * 32 + 16, n, k0 == 0);                               \
+      }                                                                                                    \
+    }                                                                                                      \
+  }
+
+PANEL_GEMM_GROUPS(fp8_gemm_groups, fp8_gemm_row)
+PANEL_GEMM_GROUPS(int8_gemm_groups, int8_gemm_row)
 
 /* ---- entry points: workgroup `wg` computes groups [wg * per_wg, (wg + 1) * per_wg) ----
  *

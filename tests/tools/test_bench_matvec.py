@@ -68,3 +68,22 @@ def test_bad_usage_is_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         bench_matvec.parse(["--kinds", "fp16"])
     assert e.value.code == 2 and "--kinds fp16: choose from fp8, bf16, int8" in capsys.readouterr().err
+
+
+def test_a_footprint_over_the_free_memory_is_refused_in_one_line(monkeypatch, capsys):
+    from llmc.runtime import weights
+    from llmc.tools import bench_matvec
+
+    monkeypatch.setattr(weights, "mem_available", lambda: 1 << 30)  # 1 GiB free; the 8B's fp8 weights are 7.5 GB
+    assert bench_matvec.main(["--config", "llama3-8b", "--kinds", "fp8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("bench_matvec: llama3-8b x 32 layers is 7.5 GB of fp8 weights, over 70% of the 1.1 GB "
+                       "available: give fewer --layers")
+
+
+def test_no_c_compiler_is_one_line_and_exit_2(monkeypatch, capsys):
+    from llmc.tools import bench_matvec
+
+    monkeypatch.setattr(ukernels, "c_compiler", lambda: None)
+    assert bench_matvec.main(["--config", "tiny"]) == 2
+    assert capsys.readouterr().err.strip() == "bench_matvec: needs x86-64 and a C compiler (the kernels are x86-64 C)"

@@ -42,8 +42,11 @@ void llmc_matvec_bf16_avx512(MEMREF(const float, x), MEMREF(const uint16_t, p), 
 #define MAX_PRODUCTS 4096
 #define MAX_KINDS 8
 
+enum loop { FP8, INT8, BF16, BF16_AVX512 }; /* the C function a SPEC names, resolved once at parse */
+
 typedef struct {
   char kind[8], function[40];
+  enum loop loop;
   size_t pair_min_k, group, elem, count, bytes;
   size_t groups[MAX_PRODUCTS], k[MAX_PRODUCTS], per[MAX_PRODUCTS];
 } spec_t;
@@ -68,8 +71,9 @@ static void parse(const char *arg, spec_t *s) {
   memcpy(s->function, c1 + 1, c2 - c1 - 1);
   s->pair_min_k = strtoull(c2 + 1, NULL, 10);
   s->group = strtoull(c3 + 1, NULL, 10);
-  if (!strcmp(s->kind, "fp8") || !strcmp(s->kind, "int8")) s->elem = 1;
-  else if (!strcmp(s->kind, "bf16")) s->elem = 2;
+  if (!strcmp(s->kind, "fp8")) s->loop = FP8, s->elem = 1;
+  else if (!strcmp(s->kind, "int8")) s->loop = INT8, s->elem = 1;
+  else if (!strcmp(s->kind, "bf16")) s->loop = strcmp(s->function, "llmc_matvec_bf16_avx512") ? BF16 : BF16_AVX512, s->elem = 2;
   else die("KIND must be fp8, int8 or bf16");
   if (s->group != 8 && s->group != 32) die("G must be 8 or 32");
   for (const char *p = c4 + 1; *p;) {
@@ -89,11 +93,12 @@ static void parse(const char *arg, spec_t *s) {
 
 static void call(const spec_t *s, size_t i, const float *x, const void *p, float *y, size_t wg) {
   size_t n = s->groups[i] * s->group, k = s->k[i], g = s->groups[i], per = s->per[i];
-  if (!strcmp(s->kind, "fp8")) llmc_matvec_fp8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg);
-  else if (!strcmp(s->kind, "int8")) llmc_matvec_int8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg);
-  else if (!strcmp(s->function, "llmc_matvec_bf16_avx512"))
-    llmc_matvec_bf16_avx512(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->pair_min_k);
-  else llmc_matvec_bf16(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->pair_min_k);
+  switch (s->loop) {
+  case FP8: llmc_matvec_fp8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg); break;
+  case INT8: llmc_matvec_int8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg); break;
+  case BF16_AVX512: llmc_matvec_bf16_avx512(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->pair_min_k); break;
+  case BF16: llmc_matvec_bf16(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->pair_min_k); break;
+  }
 }
 
 static void products(const spec_t *s, const float *x, const uint8_t *w, float *y) {
@@ -106,8 +111,8 @@ static void products(const spec_t *s, const float *x, const uint8_t *w, float *y
 
 /* the weight a code stands for, as the kernels decode it under flush-to-zero (fp8 in units of 2^-120) */
 static double value(const spec_t *s, const uint8_t *w, size_t index) {
-  if (!strcmp(s->kind, "int8")) return (int8_t)w[index];
-  if (!strcmp(s->kind, "bf16")) {
+  if (s->loop == INT8) return (int8_t)w[index];
+  if (s->loop == BF16 || s->loop == BF16_AVX512) {
     uint32_t bits = (uint32_t)((const uint16_t *)w)[index] << 16;
     float f;
     memcpy(&f, &bits, 4);
