@@ -26,7 +26,7 @@ import llmc.passes  # noqa: F401  (registers every pass)
 from llmc.errors import PassError
 from llmc.passes._base import REGISTRY, DecompositionPass, PassContext
 from llmc.passes._base import PassError as _PassRefusal
-from llmc.passes._packed import KERNEL_OPTION
+from llmc.passes._packed import KERNEL_OPTION, PAIRS_OPTION
 from llmc.passes.decode_attention_kernel import KERNEL_UNAVAILABLE_OPTION as ATTENTION_KERNEL_OPTION
 from llmc.passes.f32_gemm_weights import FIXED_ROWS_OPTION
 
@@ -120,6 +120,8 @@ def build(target, options: dict | None = None, only: list[str] | None = None) ->
             (log.warning if why_not.startswith(ukernels.NO_COMPILER) else log.info)(
                 "cpu C kernels not used (decode steps and prefill chunks slower): %s", why_not)
         opts[KERNEL_OPTION] = why_not is None
+    if PAIRS_OPTION not in opts and dtype == "fp8" and opts.get(KERNEL_OPTION):
+        opts[PAIRS_OPTION] = ukernels.fp8_pairs(target.arch)  # the fp8 dot-product loop's layout (passes/_packed.py)
     if ATTENTION_KERNEL_OPTION not in opts and llvm_cpu:
         opts[ATTENTION_KERNEL_OPTION] = kernels_why_not or ""  # passes/decode_attention_kernel.py's gate
     ctx = PassContext(target=target, dtype=target.dtype, options=opts, scratch=Scratch())

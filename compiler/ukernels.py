@@ -58,7 +58,7 @@ CHUNK_OPERATOR = "torch.llmc.attn_chunk"  # a prefill chunk's attention (passes/
 CHUNK_DECL_PREFIX = "__llmc_attn_chunk_"
 GEMM_PREFIX = "torch.llmc.gemm_"  # many-row products (llmc::gemm_<kind>: prefill chunks and buckets, M fixed; the dynamic prefill, M from x)
 # kind -> (element type of the packed codes, output channels per group G: the passes pack that way)
-KINDS = {kind: (elem, KERNEL_GROUPS[kind]) for kind, elem in (("fp8", "i8"), ("int8", "i8"), ("bf16", "i16"))}
+KINDS = {kind: (elem, KERNEL_GROUPS[kind]) for kind, elem in (("fp8", "i8"), ("int8", "i8"), ("bf16", "i16"), ("fp8dp", "i8"))}
 # The many-row kernels: the narrow kinds, and f32 weights stored packed (passes/f32_gemm_weights.py)
 GEMM_LAYOUTS = {**KINDS, "f32": ("f32", KERNEL_GROUPS["f32"])}
 GEMM_KINDS = tuple(GEMM_LAYOUTS)
@@ -80,6 +80,13 @@ BF16_PAIR_MIN_K_BY_CPU = {"znver3": 0}
 # (docs/targets.md). Unmeasured on Intel AVX-512 cores.
 BF16_MATVEC_FUNCTION = "llmc_matvec_bf16"
 BF16_MATVEC_FUNCTION_AVX512 = "llmc_matvec_bf16_avx512"
+# fp8 weights in a module whose every CPU has these are packed for the dot-product loop (kind fp8dp,
+# passes/_packed.py pack_pairs, `llmc_matvec_fp8dp`): x split into two bf16 halves the graph computes
+# (fp8_x_halves), vdpbf16ps over bf16 pairs decoded from the codes with shifts and ands; 1.105x the AVX2 loop's
+# rate over the Llama-3-8B-shaped products on one Zen 4 core (docs/targets.md). Zen 4 and 5, Cooper Lake,
+# Sapphire Rapids and later Xeons have them; x86-64-v4 and Ice Lake do not.
+FP8_PAIR_FEATURES = ("avx512f", "avx512vl", "avx512bf16")
+FP8_X_SCALE = 2.0**32  # the dot-product loop's x is taken x 2^32 (its C comment says why) and its sums x 2^-32
 EXECUTABLE = "__llmc_kernels"
 DECL_PREFIX = "__llmc_matvec_"
 GEMM_DECL_PREFIX = "__llmc_gemm_"
@@ -400,6 +407,62 @@ def bf16_matvec(arch: str | None) -> tuple[int, str]:
             BF16_MATVEC_FUNCTION_AVX512 if wide else BF16_MATVEC_FUNCTION)
 
 
+def fp8_pairs(arch: str | None) -> bool:
+    """Whether every CPU of llvm-cpu `--arch arch` (as iree-compile resolves them) has FP8_PAIR_FEATURES: the
+    fp8 weights of such a module get the pair layout and the dot-product loop (compiler/pipeline.py)."""
+    if not arch:
+        return False
+    from llmc.compiler import targets
+
+    return all(set(FP8_PAIR_FEATURES) <= set(targets.llvm_cpu_features(cpu)[1]) for cpu in targets.cpu_variants(arch))
+
+
+def _bf16_bits(out: str, bits: str) -> list[str]:
+    """Lines rounding the f32 bits `bits` (i32) to bf16's, nearest even, into `out` (i32, the top 16 bits):
+    add 0x7FFF plus the lowest kept bit, shift down 16 (inf stays inf; a NaN stays a NaN unless its bits
+    are 0xFFFF8000 or more)."""
+    return [f"    {out}s = arith.shrui {bits}, %c16 : i32",
+            f"    {out}o = arith.andi {out}s, %c1 : i32",
+            f"    {out}a = arith.addi {bits}, %c7fff : i32",
+            f"    {out}b = arith.addi {out}a, {out}o : i32",
+            f"    {out} = arith.shrui {out}b, %c16 : i32"]
+
+
+def fp8_x_halves(k: int) -> list[str]:
+    """Lines computing %xq: tensor<2xKxi16>, x' = x * FP8_X_SCALE as two bf16 halves, hi = bf16(x') (row 0)
+    and lo = bf16(x' - hi) (row 1), from %x: tensor<1xKxf32> (the dot-product fp8 loop's x), each rounded to
+    nearest even, so |x' - (hi + lo)| <= 2^-17 |x'|. The rounding is integer arithmetic on the f32 bits
+    (_bf16_bits): written as arith.truncf and arith.extf, IREE 3.13's llvm-cpu code gave lo = 0 for every
+    element (iree-opt --canonicalize alone keeps the subtraction). One elementwise op, which IREE can fuse
+    into the dispatch that makes x."""
+    t = f"tensor<2x{k}xi16>"
+    return [
+        f"  %xe = tensor.empty() : {t}",
+        "  %xq = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (0, d1)>, affine_map<(d0, d1) -> (d0, d1)>], "
+        f'iterator_types = ["parallel", "parallel"]}} ins(%x : tensor<1x{k}xf32>) outs(%xe : {t}) {{',
+        "  ^bb0(%xa: f32, %xo: i16):",
+        f"    %xs = arith.constant {FP8_X_SCALE:.1f} : f32",
+        "    %x0 = arith.constant 0 : index",
+        "    %c1 = arith.constant 1 : i32",
+        "    %c16 = arith.constant 16 : i32",
+        "    %c7fff = arith.constant 32767 : i32",
+        "    %xv = arith.mulf %xa, %xs : f32",
+        "    %xvb = arith.bitcast %xv : f32 to i32",
+        *_bf16_bits("%xh", "%xvb"),
+        "    %xhw = arith.shli %xh, %c16 : i32",
+        "    %xhf = arith.bitcast %xhw : i32 to f32",
+        "    %xd = arith.subf %xv, %xhf : f32",
+        "    %xdb = arith.bitcast %xd : f32 to i32",
+        *_bf16_bits("%xl", "%xdb"),
+        "    %xr = linalg.index 0 : index",
+        "    %xf = arith.cmpi eq, %xr, %x0 : index",
+        "    %xb = arith.select %xf, %xh, %xl : i32",
+        "    %xi = arith.trunci %xb : i32 to i16",
+        "    linalg.yield %xi : i16",
+        f"  }} -> {t}",
+    ]
+
+
 def _matvec_extra(kind: str) -> list[str]:
     """Index operands a matvec kind's C function takes after (k, groups, per_wg, wg)."""
     return ["%pairk"] if kind == "bf16" else []
@@ -414,6 +477,8 @@ def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int |
     rows = 1 if m is None else "?" if m == "D" else m
     dims = "{%m}" if m == "D" else ""  # a dynamic tensor's size operand in flow.dispatch's type list
     tx, tp, ty = f"tensor<{rows}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{rows}x{groups * group}xf32>"
+    halves = m is None and kind == "fp8dp"  # the dot-product loop takes x as [2, K] bf16 halves (fp8_x_halves)
+    operand, to = ("%xq", f"tensor<2x{k}xi16>") if halves else ("%x", tx)
     per = groups_per_workgroup(kind, groups, k) if m is None else gemm_groups_per_workgroup(kind, groups)
     op, sizes = ("matvec", ["%k", "%g", "%per", *_matvec_extra(kind)]) if m is None else ("gemm", ["%m", "%k", "%g", "%per"])
     row_count = ([] if m is None else
@@ -426,8 +491,9 @@ def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int |
         f"  %g = arith.constant {groups} : index",
         f"  %per = arith.constant {per} : index",
         *([f"  %pairk = arith.constant {pair_min_k} : index"] if "%pairk" in sizes else []),
-        f"  %y = flow.dispatch @{EXECUTABLE}::@{op}_{kind}[%g, %per](%x, %p, {', '.join(sizes)}) : "
-        f"({tx}{dims}, {tp}, {', '.join(['index'] * len(sizes))}) -> {ty}{dims}",
+        *(fp8_x_halves(k) if halves else []),
+        f"  %y = flow.dispatch @{EXECUTABLE}::@{op}_{kind}[%g, %per]({operand}, %p, {', '.join(sizes)}) : "
+        f"({to}{dims}, {tp}, {', '.join(['index'] * len(sizes))}) -> {ty}{dims}",
         f"  return %y : {ty}",
         "}",
     ]
@@ -606,18 +672,21 @@ def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attenti
         idx = ", index" * len(extra)
         args, params = "".join(f", {a}" for a in extra), "".join(f", {a}: index" for a in extra)
         c_function = bf16_function if kind == "bf16" else f"llmc_matvec_{kind}"
+        halves = kind == "fp8dp"  # x as [2, K] bf16 bits (fp8_x_halves)
+        xe, nx = ("i16", "%nx") if halves else ("f32", "%k")
+        x_size = "\n      %nx = affine.apply affine_map<()[s0] -> (s0 * 2)>()[%k]" if halves else ""
         exports.append(_export(f"matvec_{kind}"))
         funcs.append(f"""\
-    func.func private @{c_function}(memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index{idx}) attributes {{hal.import.static}}
+    func.func private @{c_function}(memref<?x{xe}>, memref<?x{elem}>, memref<?xf32>, index, index, index, index{idx}) attributes {{hal.import.static}}
     func.func @matvec_{kind}(%bx: !stream.binding, %bp: !stream.binding, %by: !stream.binding, %k: index, %g: index, %per: index{params}) {{
       %c0 = arith.constant 0 : index
       %wg = stream.dispatch.workgroup.id[0] : index
       %np = affine.apply affine_map<()[s0, s1] -> (s0 * s1 * {group})>()[%g, %k]
-      %ny = affine.apply affine_map<()[s0] -> (s0 * {group})>()[%g]
-      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?xf32>{{%k}}
+      %ny = affine.apply affine_map<()[s0] -> (s0 * {group})>()[%g]{x_size}
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{xe}>{{{nx}}}
       %p = stream.binding.subspan %bp[%c0] : !stream.binding -> memref<?x{elem}>{{%np}}
       %y = stream.binding.subspan %by[%c0] : !stream.binding -> memref<?xf32>{{%ny}}
-      func.call @{c_function}(%x, %p, %y, %k, %g, %per, %wg{args}) : (memref<?xf32>, memref<?x{elem}>, memref<?xf32>, index, index, index, index{idx}) -> ()
+      func.call @{c_function}(%x, %p, %y, %k, %g, %per, %wg{args}) : (memref<?x{xe}>, memref<?x{elem}>, memref<?xf32>, index, index, index, index{idx}) -> ()
       return
     }}""")
     target = '#hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {}>'

@@ -49,7 +49,17 @@ PACK = 8  # default output channels per packed group: one AVX2 f32 vector (docs/
 # of a group is one 64-byte line (19.7 vs 15.9 GB/s with G = 16 on a 2048 x 768 product, Zen 4). int8:
 # 32, one 32-byte row and one x broadcast per K step (0.86-0.87 vs 0.61-0.66 of a plain read over the
 # Llama-3-8B-shaped products with G = 8, one Zen 4 core; docs/targets.md "cpu matvec kernels").
-KERNEL_GROUPS = {"fp8": 32, "int8": 32, "bf16": 32, "f32": 16}  # f32: the many-row kernel only (passes/f32_gemm_weights.py)
+KERNEL_GROUPS = {"fp8": 32, "int8": 32, "bf16": 32, "f32": 16,  # f32: the many-row kernel only (passes/f32_gemm_weights.py)
+                 "fp8dp": 64}  # fp8 in the pair layout (pack_pairs)
+# The pair layout: where every CPU of the module has AVX512_BF16 (compiler/pipeline.py sets PAIRS_OPTION), an
+# fp8 weight with an even K is stored for the C kernel's dot-product loop (`llmc_matvec_fp8dp`): 64-channel
+# groups, each K pair (k, k + 1) of a group one 128-byte block of four 32-byte vectors, vector q's dword d the
+# codes of (16q + d, k), (16q + 8 + d, k), (16q + d, k + 1), (16q + 8 + d, k + 1) (channel, k). Still
+# [N/64, K, 64] in shape, so every other use reads it through `pairs_to_groups` (the plain layout). On one Zen 4
+# core that loop reads the Llama-3-8B-shaped products 1.105x faster than the AVX2 loop over 32-channel groups
+# (compiler/csrc/matvec_x86_64.c, docs/targets.md "fp8 with AVX-512 BF16 dot products").
+PAIR_KINDS = {"fp8": "fp8dp"}
+PAIRS_OPTION = "fp8_pairs"
 KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
 KERNEL_OPTION = "matvec_kernels"  # ctx.options: True when compiler/ukernels.py's kernels serve this target
 
@@ -128,13 +138,39 @@ def pack(w: torch.Tensor, group: int = PACK) -> torch.Tensor:
     return w.reshape(-1, group, k).permute(0, 2, 1).contiguous()
 
 
+def pack_pairs(w: torch.Tensor) -> torch.Tensor:
+    """[N, K] (K even) -> the pair layout (above), shaped [ceil(N/64), K, 64], N padded with zeros."""
+    n, k = w.shape
+    if k % 2:
+        raise ValueError(f"the pair layout needs an even K, got {k}")
+    if n % 64:
+        w = torch.cat([w, w.new_zeros(padded(n, 64) - n, k)])
+    # channel 64b + 16q + 8h + d, k = 2kp + kk  ->  [b, kp, q, d, kk, h]
+    return w.reshape(-1, 4, 2, 8, k // 2, 2).permute(0, 4, 1, 3, 5, 2).reshape(-1, k, 64).contiguous()
+
+
+def pairs_to_groups(p: torch.Tensor) -> torch.Tensor:
+    """The pair layout -> the plain one, P[b, k, j] = w[64b + j, k] (what `pack(w, 64)` gives)."""
+    b, k, _ = p.shape
+    return p.reshape(b, k // 2, 4, 8, 2, 2).permute(0, 1, 4, 2, 5, 3).reshape(b, k, 64)
+
+
+def emit_pairs_to_groups(graph, node, groups: int, k: int):
+    """pairs_to_groups as graph nodes (a copy of the codes: the uses other than the C kernels')."""
+    call = graph.call_function
+    v = call(_aten.view.default, (node, [groups, k // 2, 4, 8, 2, 2]))
+    t = call(_aten.permute.default, (v, [0, 1, 4, 2, 5, 3]))
+    c = call(_aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
+    return call(_aten.view.default, (c, [groups, k, 64]))
+
+
 def unpack(p: torch.Tensor, n: int) -> torch.Tensor:
     """The inverse of `pack` for an [n, K] weight (any group)."""
     return p.permute(0, 2, 1).reshape(-1, p.shape[1])[:n]
 
 
 def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *, scale=None, per_row: bool = True,
-                 rows_dec: Callable | None = None, group: int = PACK, kernel: str | None = None) -> int:
+                 rows_dec: Callable | None = None, group: int = PACK, kernel: str | None = None, pairs: bool = False) -> int:
     """Rewrite every use of the packed weight `node` (originally [N, K] = `shape`) as described above.
 
     dec(graph, codes_node) -> f32 node: the decode of stored codes, emitted at the insertion point.
@@ -148,6 +184,9 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
         `llmc::matvec_<kernel>(x, P)` (the same unscaled sum, run by compiler/ukernels.py's C kernel),
         and, where GEMM_OPS has the kind, products with M >= 2 f32 rows, fixed (a prefill chunk's or
         bucket's) or dynamic (the dynamic prefill's), `llmc::gemm_<kernel>(x, P)`.
+    pairs: `node` is in the pair layout (pack_pairs; group 64, `kernel` its pair kind): the kernels read it as
+        it is, every other use through one copy in the plain layout (emit_pairs_to_groups), made ahead of
+        the first op.
     Returns (one-row products, how many of them are kernel calls, fixed and dynamic many-row kernel calls).
     """
     call = graph.call_function
@@ -155,11 +194,24 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
     npad = padded(n, group)
     rows = kernel_rows = gemm_rows = dynamic_rows = 0
     decoders = set()  # the decode chains' own reads of the codes
+    plain = []  # pairs: the plain-layout copy, once made
+
+    def plain_codes():
+        """The codes in the plain layout, as the graph's own decodes and gathers read them."""
+        if not pairs:
+            return node
+        if not plain:
+            before = set(node.users)
+            with graph.inserting_before(next(n_ for n_ in graph.nodes if n_.op != "placeholder")):
+                plain.append(emit_pairs_to_groups(graph, node, npad // group, k))
+            decoders.update(set(node.users) - before)
+        return plain[0]
 
     def decode():
-        before = set(node.users)
-        f = dec(graph, node)
-        decoders.update(set(node.users) - before)
+        src = plain_codes()
+        before = set(src.users)
+        f = dec(graph, src)
+        decoders.update(set(src.users) - before)
         return f
 
     uses, chain = _transposed_uses(node)
@@ -209,7 +261,7 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
             # [N/8, 8, K] fails in torch-mlir: "failed to legalize operation
             # 'torch.aten.index.Tensor_hacked_twin'".)
             ids = user.args[1]
-            groups = call(_aten.view.default, (node, [npad // group, k * group]))
+            groups = call(_aten.view.default, (plain_codes(), [npad // group, k * group]))
             decoders.add(groups)
             row_group = call(_aten.div.Scalar_mode, (ids, group), {"rounding_mode": "floor"})
             lane = call(_aten.remainder.Scalar, (ids, group))

@@ -197,7 +197,10 @@ class QuantizedWeightsPass(GraphPass):
 
         def make(t):
             bits, scale = self.encode(t, per_channel, native)
-            return self.ctx.keep(t, _packed.pack(bits, self._group()) if pack else bits), scale, pack
+            if pack:
+                group, _, pairs = self._layout(t.shape[1])
+                bits = _packed.pack_pairs(bits) if pairs else _packed.pack(bits, group)
+            return self.ctx.keep(t, bits), scale, pack
 
         return once_per_tensor(self.__dict__.setdefault("_done", {}), tensor, make)
 
@@ -213,12 +216,20 @@ class QuantizedWeightsPass(GraphPass):
         def rows_dec(g, codes, ids):
             return self._emit_decode(g, codes, g.call_function(_aten.embedding.default, (scale_node, ids)), None, compute)
 
+        group, kernel, pairs = self._layout(shape[1])
         return _packed.rewrite_uses(graph, node, shape, codec.emit_bits, outputs, scale=scale, per_row=per_row,
-                                    rows_dec=rows_dec, group=self._group(), kernel=_packed.kernel_kind(self.ctx, codec.dtype))
+                                    rows_dec=rows_dec, group=group, kernel=kernel, pairs=pairs)
 
-    def _group(self) -> int:
-        """Output channels per packed group: the C kernel's layout where it serves (fp8: 32), else 8."""
-        return _packed.group_for(self.ctx, self.codec.dtype)
+    def _layout(self, k: int) -> tuple[int, str | None, bool]:
+        """(output channels per packed group, C kernel kind or None, pair layout?) of a weight with K = k: the
+        pair layout (passes/_packed.py pack_pairs, 64 channels) where the module's CPUs have the dot-product
+        loop (ctx.options[PAIRS_OPTION]) and K is even; else the C kernel's group where it serves (32), else 8.
+        A function of K and the options only, so every entry point of a program stores a weight alike."""
+        kind = _packed.kernel_kind(self.ctx, self.codec.dtype)
+        pair_kind = _packed.PAIR_KINDS.get(kind) if kind else None
+        if pair_kind and self.ctx.options.get(_packed.PAIRS_OPTION) and k % 2 == 0:
+            return _packed.KERNEL_GROUPS[pair_kind], pair_kind, True
+        return _packed.group_for(self.ctx, self.codec.dtype), kind, False
 
     def _decode_at_uses(self, graph, node, scale_node, native, compute, bits, scale, outputs) -> None:
         """Matrix products read the whole decoded weight (decoded once, ahead of every use); an

@@ -13,7 +13,9 @@ Produces: per output channel (row) s = amax|w_row| / 448 (or one s per tensor wi
               w' = decode(q) * s     in the program's compute dtype (f32 on cpu, f16 on GPUs)
           On cpu (software decode) every weight a matrix product reads is stored packed,
           P[ceil(N/G), K, G] (P[b, k, j] = q[Gb + j, k], rows padded with zeros; G = 32 where the C
-          matvec kernel serves the target, compiler/ukernels.py, else 8), and its uses are
+          matvec kernel serves the target, compiler/ukernels.py, else 8; where every CPU of the module
+          has AVX512_BF16 and K is even, the kernel's pair layout, 64 channels, `llmc::matvec_fp8dp`:
+          passes/_packed.py pack_pairs), and its uses are
           rewritten by passes/_packed.py: `x @ w.T` with one row of x becomes
               (x.view(1, K/4, 4, 1) * decode(P).view(N/G, K/4, 4, G)).sum(1).sum(1).view(1, N) * s.T
           (or `llmc::matvec_fp8(x, P) * s.T`, the same unscaled sum in the C kernel)
@@ -113,6 +115,15 @@ def _emit_decode_bits(graph, bits_node):
 
 _packed.define_kernel_op("fp8", decode_bits)
 _packed.define_gemm_op("fp8", decode_bits)
+
+
+def _decode_pair_bits(p: torch.Tensor) -> torch.Tensor:
+    """decode_bits of codes in the pair layout (passes/_packed.py pack_pairs), in the plain layout's order."""
+    return decode_bits(_packed.pairs_to_groups(p))
+
+
+_packed.define_kernel_op("fp8dp", _decode_pair_bits)
+_packed.define_gemm_op("fp8dp", _decode_pair_bits)
 FP8 = register_codec(Codec(dtype="fp8", option="fp8", scale_suffix=SCALE_SUFFIX, quantize=quantize, decode=decode_sw,
                            emit_bits=_emit_decode_bits, factor=2.0**120, form="software"))
 

@@ -8,7 +8,8 @@ IREE around them: the kernels' object as llmc builds it (compiler/ukernels.py bu
 C driver (tools/csrc/bench_matvec.c, built here with the same C compiler), over every product of a step in the
 order it runs them (q, k, v, o, gate, up, down of each layer, then the LM head), in the packed layout and the
 workgroup split llmc compiles (ukernels.groups_per_workgroup; bf16's C function and stream threshold for
---arch from ukernels.bf16_matvec), one thread, weights in 2 MB pages, denormals flushed as in IREE's workers.
+--arch from ukernels.bf16_matvec; fp8dp: fp8 as a build for CPUs with AVX512_BF16 runs it, in the pair layout
+with x as two bf16 halves, made by the driver as the graph makes them), one thread, weights in 2 MB pages, denormals flushed as in IREE's workers.
 Each round reads each kind's bytes once plainly (four 256-bit loads per 128 bytes: the round's roofline) and
 then runs its products; kinds alternate their order from round to round. Reports, per kind, the kernels'
 GB/s and their per-round ratio to the plain read (medians, with the range), and checks the first product
@@ -32,14 +33,15 @@ import tempfile
 from pathlib import Path
 
 DRIVER = Path(__file__).parent / "csrc" / "bench_matvec.c"
-KINDS = ("fp8", "bf16", "int8")
-BYTES = {"fp8": 1, "int8": 1, "bf16": 2}
+KINDS = ("fp8", "bf16", "int8", "fp8dp")  # fp8dp: fp8 in the pair layout a build for AVX512_BF16 CPUs packs
+BYTES = {"fp8": 1, "int8": 1, "bf16": 2, "fp8dp": 1}
 
 
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="small-125m", help="a named Llama config (models/llama/config.py)")
-    ap.add_argument("--kinds", default="fp8,bf16,int8", help="weight kinds, comma-separated (fp8, bf16, int8)")
+    ap.add_argument("--kinds", default="fp8,bf16,int8", help="weight kinds, comma-separated (fp8, bf16, int8, fp8dp: the "
+                    "dot-product loop a build for CPUs with AVX512_BF16 runs for fp8, passes/_packed.py pack_pairs)")
     ap.add_argument("--layers", type=int, default=None, help="layers to stream (default: all of the config's)")
     ap.add_argument("--no-head", action="store_true", help="leave the LM head out")
     ap.add_argument("--rounds", type=int, default=15)

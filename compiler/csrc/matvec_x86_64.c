@@ -271,6 +271,62 @@ __attribute__((target("avx512f"))) static void bf16_groups_512(const float *rest
   }
 }
 
+/* ---- fp8 with AVX-512 BF16 dot products: llmc_matvec_fp8dp (a module whose every CPU has AVX512_BF16) ----
+ *
+ * The AVX2 loop above spends 13 vector operations on 32 codes (5 shifts, 4 ands, 4 FMAs) and one x broadcast
+ * per 32 bytes; on one Zen 4 core it reads ~0.85-0.9 of a plain read from memory. Here the weights are packed
+ * for the loop (kind "fp8dp", passes/_packed.py pack_pairs): 64-channel groups, each K pair (k, k + 1) of a
+ * group one 128-byte block, four 32-byte vectors q = 0..3, and in vector q dword d holds the codes
+ *     byte 0: (channel 16q + d, k)      byte 1: (channel 16q + 8 + d, k)
+ *     byte 2: (channel 16q + d, k + 1)  byte 3: (channel 16q + 8 + d, k + 1)
+ * so a code in the top byte of its 16-bit half, shifted right by 4 with its sign and masked with 0x87F0, is
+ * the bf16 of the graph's f32 bits (code & 0x80) << 8 | (code & 0x7F) << 4 (value x 2^-120 exactly: bf16 has
+ * f32's exponent range), and each 32-bit lane is then one channel's pair (k, k + 1): the odd bytes shifted so
+ * give channels 16q + 8 + d, the even bytes first moved up by 8 give channels 16q + d. vdpbf16ps multiplies
+ * a lane's two bf16 halves with x's pair (x[k], x[k + 1]) and adds both products to the lane's f32 sum.
+ * x comes as two bf16 halves of x' = x * 2^32 (the graph computes them: compiler/ukernels.py fp8_x_halves),
+ * hi = bf16(x') and lo = bf16(x' - hi), each summed in, so |x' - (hi + lo)| <= 2^-17 |x'| and each product
+ * of two bf16 values is exact in f32. The 2^32 keeps the products clear of f32's subnormal range
+ * (vdpbf16ps flushes subnormal inputs and results whatever the MXCSR says); the sums are multiplied by
+ * 2^-32 at the end (exact). Per 32 codes: 5 shifts and ands and 4 dot products, one pair of x broadcasts
+ * per 128 bytes. A subnormal code (|value| < 2^-6) reads as 0, as in the AVX2 loop under IREE's
+ * flush-to-zero. One group at a time (one sequential stream); no software prefetch (it made this loop no
+ * faster). Sums: per channel the hi and lo sums apart, added at the end. In a C harness over two of the
+ * Llama-3-8B-shaped layers from memory, one Zen 4 core, 24 rounds alternating with the AVX2 loop: 1.105x
+ * its rate (every round faster), ~1.0 of a plain read; the same dot products on the 32-channel layout (a
+ * broadcast pair per 64 bytes) 1.004x, and on 64-channel groups in the plain [K, 64] order with a byte
+ * permutation per vector 1.037x (docs/targets.md "fp8 with AVX-512 BF16 dot products"). Needs K even. */
+
+#define FP8DP_TARGET "avx512f,avx512vl,avx512bf16"
+
+typedef uint32_t fp8dp_pair __attribute__((may_alias)); /* two bf16 halves of x, read as one dword */
+
+__attribute__((target(FP8DP_TARGET))) static void fp8dp_groups(const uint16_t *restrict xq, const int8_t *restrict p,
+                                                               float *restrict y, size_t k, size_t first, size_t count) {
+  const fp8dp_pair *hi = (const fp8dp_pair *)xq, *lo = (const fp8dp_pair *)(xq + k);
+  const __m256i mask = _mm256_set1_epi16((short)0x87F0);
+  const __m256 unit = _mm256_set1_ps(0x1p-32f); /* x was taken x 2^32 */
+  for (size_t b = first; b < first + count; b++) {
+    const int8_t *p0 = p + b * k * 64;
+    __m256 a[8], c[8]; /* a[2q] / a[2q + 1]: channels 16q + d / 16q + 8 + d with hi; c: the same with lo */
+    for (int j = 0; j < 8; j++) a[j] = c[j] = _mm256_setzero_ps();
+    for (size_t i = 0; i < k / 2; i++) {
+      __m256bh h = (__m256bh)_mm256_set1_epi32((int)hi[i]), l = (__m256bh)_mm256_set1_epi32((int)lo[i]);
+      const int8_t *r = p0 + i * 128;
+      for (int q = 0; q < 4; q++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(r + 32 * q));
+        __m256bh e = (__m256bh)_mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4), mask);
+        __m256bh o = (__m256bh)_mm256_and_si256(_mm256_srai_epi16(v, 4), mask);
+        a[2 * q] = _mm256_dpbf16_ps(a[2 * q], e, h);
+        c[2 * q] = _mm256_dpbf16_ps(c[2 * q], e, l);
+        a[2 * q + 1] = _mm256_dpbf16_ps(a[2 * q + 1], o, h);
+        c[2 * q + 1] = _mm256_dpbf16_ps(c[2 * q + 1], o, l);
+      }
+    }
+    for (int j = 0; j < 8; j++) _mm256_storeu_ps(y + b * 64 + 8 * j, _mm256_mul_ps(_mm256_add_ps(a[j], c[j]), unit));
+  }
+}
+
 /* ---- many-row products over bf16 groups (a prefill chunk or bucket: M fixed) ----
  *
  * y[M, N] = x[M, K] @ w.T with each 32-channel group's two 16-channel halves as the B panels of a 6 x 16
@@ -396,6 +452,31 @@ static inline void int8_gemm_row(const int8_t *row, float *w0, float *w1) {
   }
 
 PANEL_GEMM_GROUPS(fp8_gemm_groups, fp8_gemm_row)
+
+/* fp8dp (the pair layout above, 64-channel groups): vector q of a K pair's block is panel q's two rows, so
+ * dec_fp8x32 gives row k as d[0] | d[1] (channels 16q..16q+7 | 16q+8..16q+15) and row k + 1 as d[2] | d[3], no
+ * transpose; a K block of two panels at a time (the same 16 KiB of stack as above). K even. */
+static inline void fp8dp_gemm_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t m,
+                                     size_t k, size_t n, size_t first, size_t count) {
+  float w[2][GEMM_KB * 16] __attribute__((aligned(32)));
+  for (size_t b = first; b < first + count; b++) {
+    const int8_t *pb = p + b * k * 64;
+    for (int q0 = 0; q0 < 4; q0 += 2)
+      for (size_t k0 = 0; k0 < k; k0 += GEMM_KB) {
+        size_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;
+        for (size_t i = 0; i < kb; i += 2)
+          for (int h = 0; h < 2; h++) {
+            __m256 d[4];
+            dec_fp8x32(pb + (k0 + i) * 64 + 32 * (q0 + h), d);
+            _mm256_store_ps(w[h] + i * 16, d[0]);
+            _mm256_store_ps(w[h] + i * 16 + 8, d[1]);
+            _mm256_store_ps(w[h] + i * 16 + 16, d[2]);
+            _mm256_store_ps(w[h] + i * 16 + 24, d[3]);
+          }
+        for (int h = 0; h < 2; h++) gemm_f32_panel(x + k0, m, k, kb, w[h], y + b * 64 + 16 * (q0 + h), n, k0 == 0);
+      }
+  }
+}
 PANEL_GEMM_GROUPS(int8_gemm_groups, int8_gemm_row)
 
 /* ---- entry points: workgroup `wg` computes groups [wg * per_wg, (wg + 1) * per_wg) ----
@@ -423,6 +504,15 @@ void llmc_matvec_fp8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(flo
   size_t first, count;
   span(groups, per_wg, wg, &first, &count);
   fp8_groups(DATA(x), DATA(p), DATA(y), k, first, count);
+}
+
+/* xq: x as bf16 hi / lo halves, [2, K] (above); ukernels.py emits it only in a module whose every CPU has
+ * AVX512_BF16 (passes/_packed.py packs those weights for it). K even. */
+void llmc_matvec_fp8dp(MEMREF(const uint16_t, xq), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
+                       size_t per_wg, size_t wg) {
+  size_t first, count;
+  span(groups, per_wg, wg, &first, &count);
+  fp8dp_groups(DATA(xq), DATA(p), DATA(y), k, first, count);
 }
 
 void llmc_matvec_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
@@ -460,6 +550,7 @@ void llmc_matvec_bf16_avx512(MEMREF(const float, x), MEMREF(const uint16_t, p), 
 
 GEMM_ENTRY(bf16, uint16_t, 32)
 GEMM_ENTRY(fp8, int8_t, 32)
+GEMM_ENTRY(fp8dp, int8_t, 64)
 GEMM_ENTRY(int8, int8_t, 32)
 GEMM_ENTRY(f32, float, 16)
 

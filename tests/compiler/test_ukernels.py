@@ -38,14 +38,14 @@ def _codes(kind: str, n: int, k: int, seed: int) -> torch.Tensor:
     if kind == "bf16":
         return (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16).view(torch.int16)
     codes = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int64)
-    if kind == "fp8":
+    if kind in ("fp8", "fp8dp"):
         codes[(codes & 0x7F) == 0x7F] = 0x3F  # 0x7F / 0xFF are NaN in E4M3FN; the quantizer never writes them
     return codes.to(torch.int8)
 
 
 def _values(kind: str, codes: torch.Tensor) -> torch.Tensor:
     """The weight each code stands for, by torch's own dtypes (fp8: times 2^-120, the kernel's unit)."""
-    if kind == "fp8":
+    if kind in ("fp8", "fp8dp"):
         return codes.view(torch.float8_e4m3fn).to(torch.float32) * 2.0**-120
     if kind == "bf16":
         return codes.view(torch.bfloat16).to(torch.float32)
@@ -166,18 +166,25 @@ def test_link_asks_for_the_cpus_only_for_a_bf16_matvec(monkeypatch):
     assert "%pairk = arith.constant 0 : index" in ukernels.link(_module("bf16", 3, 64), arch="host") and asked == ["host"]
 
 
-def _assert_within_summation_error(got, x, kind, codes, tight=1e-2):
+def _assert_within_summation_error(got, x, kind, codes, tight=1e-2, split=0.0, flushed_codes=False):
     """Each output within f32 summation's worst case of the exact (f64) sum: K x 2^-24 x sum |x w|, plus, per
     term, the f32 subnormal range: IREE's workers run with denormals flushed to zero (inputs and results),
     and fp8 values are computed x 2^-120, so an E4M3 subnormal code (< 2^-6, x 2^-120 < 2^-126) reads as 0
     and so does a product below 2^-126 (the graph's own decode does the same; docs/targets.md).
+    split: a further relative error per term (the fp8 dot-product loop's x halves: 2^-17); flushed_codes: the
+    exact sum taken with the E4M3 subnormal codes as 0 and no subnormal range, for a loop that reads those
+    codes as 0 and flushes nothing else (the dot-product loop: its products are x 2^32).
     A wrong decode or a wrong channel is off by the size of the terms themselves, orders of magnitude more."""
+    if flushed_codes:
+        codes = torch.where((codes & 0x78) == 0, torch.zeros_like(codes), codes)
     want = _reference(kind, x, codes)
     k = x.shape[1]
-    bound = (k * 2.0**-24 * (x.double().abs() @ _values(kind, codes).double().abs().T)
-             + k * 2.0**-126 * max(1.0, float(x.abs().max())))
+    bound = ((k * 2.0**-24 + split) * (x.double().abs() @ _values(kind, codes).double().abs().T)
+             + (0.0 if flushed_codes else k * 2.0**-126 * max(1.0, float(x.abs().max()))))
     assert got.shape == want.shape
-    over = (got.double() - want.double()).abs() / bound
+    diff = (got.double() - want.double()).abs()
+    # a channel whose every term is 0 (its codes all flushed, at small K) has no room at all: exactly 0
+    over = torch.where(bound > 0, diff / bound.clamp_min(1e-300), torch.where(diff == 0, 0.0, float("inf")))
     assert float(over.max()) <= 1.0, f"channel {int(over.argmax())}: error {float(over.max()):.3g}x the summation bound"
     assert float(bound.max()) < tight * float(want.abs().max())  # the bound is far tighter than the values checked
 
@@ -624,3 +631,117 @@ def test_compiled_attention_kernels_keep_a_nan(tmp_path):
     q1 = q[:, :, 2:3].contiguous()
     got = _run_module(tmp_path, ukernels.link(_attention_module(4, 2, 24, 16, None)), q1, kc, vc, bias[:, :, :1])
     assert bool(got[0, 1, 0].isnan().all()) and not bool(got[0, [0, 2, 3]].isnan().any())
+
+
+# ---- fp8 in the pair layout (kind fp8dp): the dot-product loop for CPUs with AVX512_BF16 ----
+
+
+def test_pair_layout_puts_each_channels_k_pair_in_one_32_bit_lane():
+    """Every code lands where passes/_packed.py and the C loop say: group b = c // 64, j = c % 64; the K pair
+    block k // 2 (128 bytes), vector q = j // 16 (32 bytes), dword d = j % 8, byte 2 (k % 2) + (j // 8) % 2.
+    Computed from that formula alone, not from pack_pairs' own reshapes; and pairs_to_groups gives the plain
+    layout pack(w, 64) gives."""
+    n, k = 130, 6  # rows padded to 192
+    w = torch.arange(n * k, dtype=torch.int32).reshape(n, k)
+    p = _packed.pack_pairs(w)
+    assert p.shape == (3, k, 64)
+    flat = p.reshape(-1)
+    for c in range(n):
+        b, j = divmod(c, 64)
+        for kk in range(k):
+            at = b * k * 64 + (kk // 2) * 128 + (j // 16) * 32 + (j % 8) * 4 + 2 * (kk % 2) + (j // 8) % 2
+            assert int(flat[at]) == int(w[c, kk]), (c, kk)
+    plain = _packed.pairs_to_groups(p)
+    assert torch.equal(plain, _packed.pack(w, 64)) and not plain[2, :, 2:].any()  # the padded rows (130..191) are 0
+    with pytest.raises(ValueError, match="even K"):
+        _packed.pack_pairs(w[:, :5])
+
+
+@pytest.mark.parametrize("op", ["matvec", "gemm"])
+def test_eager_pair_ops_are_the_product_with_the_decoded_weight(op):
+    n, k = 3 * 64, 24
+    codes = _codes("fp8", n, k, 11)
+    rows = 1 if op == "matvec" else 5
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(12))
+    got = (_packed.KERNEL_OPS if op == "matvec" else _packed.GEMM_OPS)["fp8dp"](x, _packed.pack_pairs(codes))
+    for row in range(rows):
+        _assert_within_summation_error(got[row:row + 1], x[row:row + 1], "fp8", codes)
+
+
+# Only where every CPU of the module has AVX512_BF16 (and AVX-512F / VL): Zen 4, Cooper Lake and Sapphire Rapids
+# do; x86-64-v4, Ice Lake, x86-64-v3 and portable's generic CPUs do not
+@pytest.mark.parametrize("arch, want", [
+    (None, False), ("znver4", True), ("sapphirerapids", True), ("cooperlake", True), ("x86-64-v4", False),
+    ("icelake-server", False), ("x86-64-v3", False), ("portable", False), ("znver4,sapphirerapids", True),
+    ("znver4,x86-64-v3", False)])
+def test_fp8_pairs_only_where_every_cpu_has_the_dot_products(arch, want):
+    assert ukernels.fp8_pairs(arch) is want
+
+
+def test_link_gives_the_pair_kernel_x_as_bf16_halves():
+    text = ukernels.link(_module("fp8dp", 3, 768))
+    assert "%xq = linalg.generic" in text and "ins(%x : tensor<1x768xf32>) outs(%xe : tensor<2x768xi16>)" in text
+    assert f"@{ukernels.EXECUTABLE}::@matvec_fp8dp[%g, %per](%xq, %p, %k, %g, %per) : (tensor<2x768xi16>, tensor<3x768x64xi8>" in text
+    assert "func.func private @llmc_matvec_fp8dp(memref<?xi16>, memref<?xi8>, memref<?xf32>" in text
+    assert "func.call @llmc_matvec_fp8dp(%x, %p, %y, %k, %g, %per, %wg)" in text
+    # an fp8 matvec in the plain layout keeps its f32 x
+    assert "%xq" not in ukernels.link(_module("fp8", 3, 768))
+
+
+def _fp8_halves_module(k: int) -> str:
+    """A module whose main returns the dot-product loop's x halves (ukernels.fp8_x_halves) of x [1, K]."""
+    body = "\n".join("  " + line for line in ukernels.fp8_x_halves(k))
+    return (f"module {{\n  func.func @main(%x: tensor<1x{k}xf32>) -> tensor<2x{k}xi16> {{\n{body}\n"
+            f"    return %xq : tensor<2x{k}xi16>\n  }}\n}}\n")
+
+
+def test_fp8_x_halves_are_x_rounded_to_bf16_and_its_remainder(tmp_path):
+    """hi = bf16(x * 2^32) and lo = bf16(x * 2^32 - hi), both rounded to nearest even as torch rounds: ties
+    (1 + 2^-8 rounds to 1, 1 + 3 * 2^-8 to 1 + 2^-6), signs, magnitudes from 1e-12 to 1e12, and inf and NaN,
+    which stay inf and NaN in hi. (Written with arith.truncf / extf, IREE 3.13 gave lo = 0 everywhere.)"""
+    special = torch.tensor([1.0, 1 + 2.0**-8, 1 + 3 * 2.0**-8, -1 - 2.0**-8, 3.14159265, -2.7182818, 0.0, -0.0,
+                            2.0**90, -(2.0**-40), 1e-30, float("inf"), float("-inf"), float("nan")])
+    g = torch.Generator().manual_seed(8)
+    rand = torch.randn(50, generator=g) * torch.pow(10.0, torch.empty(50).uniform_(-12, 12, generator=g))
+    x = torch.cat([special, rand]).reshape(1, -1).float()
+    got = _run_module(tmp_path, _fp8_halves_module(x.shape[1]), x)
+    scaled = x[0] * ukernels.FP8_X_SCALE
+    hi = scaled.to(torch.bfloat16)
+    lo = (scaled - hi.float()).to(torch.bfloat16)
+    finite = torch.isfinite(scaled)
+    assert torch.equal(got[0][finite], hi[finite].view(torch.int16))
+    assert torch.equal(got[1][finite], lo[finite].view(torch.int16))
+    assert torch.equal(got[0].view(torch.bfloat16)[~finite].float().nan_to_num(0.5), hi[~finite].float().nan_to_num(0.5))
+    assert int((got[1][finite] != 0).sum()) > 40  # the remainders are there: most x' need more than bf16's 8 bits
+
+
+_PAIRS = all(rt_module.host_has(rt_module.host_cpu_flags(), f) for f in ukernels.FP8_PAIR_FEATURES)
+
+
+# whole workgroups (8 x 64), a one-group workgroup (7 x 38, 3 x 768), the smallest K (5 x 2), the 8B's down K
+@pytest.mark.skipif(not _PAIRS, reason="runs AVX512_BF16 code: needs a CPU with it (Zen 4, Sapphire Rapids)")
+@pytest.mark.parametrize("groups, k", [(8, 64), (7, 38), (3, 768), (5, 2), (2, 14336)])
+def test_compiled_pair_kernel_matches_torch(tmp_path, groups, k):
+    text = ukernels.link(_module("fp8dp", groups, k))
+    codes = _codes("fp8", groups * 64, k, 13)
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(1, k, generator=g) * torch.pow(10.0, torch.empty(1, k).uniform_(-3, 3, generator=g))
+    got = _run_linked(tmp_path, text, x, _packed.pack_pairs(codes))
+    # x in two bf16 halves: each term off by at most 2^-17 of itself, on top of f32 summation's bound; the
+    # subnormal codes read as 0 (vdpbf16ps takes no subnormal input) and no product is small enough to flush
+    _assert_within_summation_error(got, x, "fp8", codes, split=2.0**-17, flushed_codes=True, tight=3e-2)
+
+
+# the many-row loop over the pair layout is AVX2 code (it runs on every CPU the kernels serve): row tails,
+# several workgroups, K over several 128-row blocks with a partial last one, a dynamic row count
+@pytest.mark.parametrize("m, groups, k", [(13, 40, 64), (4, 6, 300), (2, 2, 8), ("?", 3, 40)])
+def test_compiled_pair_gemm_kernel_matches_torch(tmp_path, m, groups, k):
+    text = ukernels.link(_module("fp8dp", groups, k, m))
+    assert f"flow.dispatch @{ukernels.EXECUTABLE}::@gemm_fp8dp" in text and "func.call @llmc_gemm_fp8dp(" in text
+    codes = _codes("fp8", groups * 64, k, 15)
+    for rows in ((2, 131) if m == "?" else (m,)):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(16 + rows))
+        got = _run_linked(tmp_path, text, x, _packed.pack_pairs(codes))
+        assert got.shape == (rows, groups * 64)
+        for row in range(rows):
+            _assert_within_summation_error(got[row:row + 1], x[row:row + 1], "fp8", codes)

@@ -57,9 +57,12 @@ def check_decode_reads(ir_dir, flow_ir: str, dtype: str, kernels: bool, n_layers
     reads = [(name, ins, outs) for name, ins, outs in calls
              if any(t in NARROW[dtype] and len(shape.split("x")) >= 3 for shape, t in ins)]
     assert len(reads) >= 7 * n_layers, [c[0] for c in calls]  # q, k, v, o, gate, up, down per layer
+    # fp8 on a cpu with AVX512_BF16: the pair layout's dot-product kernel (every K here is even)
+    pairs = dtype == "fp8" and ukernels.fp8_pairs(targets.resolve("cpu", None, dtype).arch)
+    kernel = "matvec_fp8dp" if pairs else f"matvec_{dtype}"
     for name, ins, outs in reads:
         weight = max(_elements(shape) for shape, t in ins if t in NARROW[dtype])
-        assert (name == f"matvec_{dtype}") if kernels else ("matvec_like" in name), (name, ins, outs)
+        assert (name == kernel) if kernels else ("matvec_like" in name), (name, ins, outs)
         # no widened copy: what the dispatch writes is a few partial sums per output, far smaller than the weight
         assert all(_elements(shape) * 4 <= weight for shape, _ in outs), (name, ins, outs)
 

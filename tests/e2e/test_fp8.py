@@ -121,12 +121,18 @@ def test_cpu_fp8_weights_are_one_byte_and_diff_passes(checkpoint, cpu_fp8):
         shapes = {k: st.get_slice(k).get_shape() for k in st.keys()}
     two_d = {k for k, shape in shapes.items() if len(shape) == 2}
     # 1 byte per weight, rows padded with zero codes to the packed group's size: the C kernel's 32
-    # channels where it serves this cpu, else 8 (passes/_packed.py)
+    # channels where it serves this cpu (64, the pair layout, where the cpu has AVX512_BF16 and K is even),
+    # else 8 (passes/_packed.py)
     from llmc.compiler import targets, ukernels
     from llmc.passes._packed import KERNEL_GROUPS, PACK, padded
 
-    group = KERNEL_GROUPS["fp8"] if ukernels.unavailable(targets.resolve("cpu", None, "fp8")) is None else PACK
-    assert {k: sizes[k] for k in two_d} == {k: padded(shapes[k][0], group) * shapes[k][1] for k in two_d}
+    target = targets.resolve("cpu", None, "fp8")
+    kernels, pairs = ukernels.unavailable(target) is None, ukernels.fp8_pairs(target.arch)
+
+    def group(k):
+        return PACK if not kernels else KERNEL_GROUPS["fp8dp"] if pairs and k % 2 == 0 else KERNEL_GROUPS["fp8"]
+
+    assert {k: sizes[k] for k in two_d} == {k: padded(shapes[k][0], group(shapes[k][1])) * shapes[k][1] for k in two_d}
     assert {k: sizes[f"{k}_fp8_scale"] for k in two_d} == {k: 4 * shapes[k][0] for k in two_d}  # one f32 scale per row
     manifest = cpu_fp8.read_manifest()
     assert manifest["dtype"] == "fp8" and manifest["compute_dtype"] == "f32"

@@ -6,6 +6,8 @@
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype fp8 --stats 2> %t.krow.stats | filecheck %s --check-prefix=KROW
 # RUN: filecheck %s --check-prefix=KROWSTATS < %t.krow.stats
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype fp8 | filecheck %s --check-prefix=KMM
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch znver4 --dtype fp8 | filecheck %s --check-prefix=KPAIR
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.pt2 --pipeline --target cpu --arch znver4 --dtype fp8 | filecheck %s --check-prefix=KPAIRMM
 # RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx942 --dtype fp8 | filecheck %s --check-prefix=FNUZ
 # RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx950 --dtype fp8 | filecheck %s --check-prefix=FN
 # Both linear weights become 1-byte parameters with an f32 scale per output row. cpu has no fp8
@@ -89,6 +91,26 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 # KMM-NOT:     torch.aten.mm
 # KMM:         flow.dispatch @__llmc_kernels::@gemm_fp8
 # KMM:         func.call @llmc_gemm_fp8(
+
+# A module whose every CPU has AVX512_BF16 (Zen 4 here) stores the weights in the pair layout (64 channels; rows
+# padded to 64) for the dot-product kernel, whose x is two bf16 halves of x * 2^32 made in the dispatch's
+# body (compiler/ukernels.py fp8_x_halves); its many-row products read the same layout:
+# KPAIR-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"0.weight"> : tensor<1x16x64xi8>
+# KPAIR-DAG:   "util.global"() {initial_value = #stream.parameter.named<"model"::"2.weight"> : tensor<1x32x64xi8>
+# KPAIR:       call @__llmc_matvec_fp8dp_1x16(%{{.*}}, %{{.*}}) : (tensor<1x16xf32>, tensor<1x16x64xi8>) -> tensor<1x64xf32>
+# KPAIR:       torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[1,32],f32>
+# KPAIR:       call @__llmc_matvec_fp8dp_1x32(%{{.*}}, %{{.*}}) : (tensor<1x32xf32>, tensor<1x32x64xi8>) -> tensor<1x64xf32>
+# KPAIR-NOT:   call @__llmc_matvec_fp8_
+# KPAIR:       func.func private @__llmc_matvec_fp8dp_1x16(%x: tensor<1x16xf32>, %p: tensor<1x16x64xi8>) -> tensor<1x64xf32>
+# KPAIR:       %xq = linalg.generic {{.*}} ins(%x : tensor<1x16xf32>) outs(%xe : tensor<2x16xi16>)
+# KPAIR:       %xs = arith.constant 4294967296.0 : f32
+# KPAIR:       flow.dispatch @__llmc_kernels::@matvec_fp8dp[%g, %per](%xq, %p, %k, %g, %per) : (tensor<2x16xi16>, tensor<1x16x64xi8>
+# KPAIR:       func.func private @llmc_matvec_fp8dp(memref<?xi16>, memref<?xi8>, memref<?xf32>
+# KPAIR:       func.call @llmc_matvec_fp8dp(%x, %p, %y, %k, %g, %per, %wg)
+
+# KPAIRMM:     call @__llmc_gemm_fp8dp_2x1x16(%{{.*}}, %{{.*}}) : (tensor<2x16xf32>, tensor<1x16x64xi8>) -> tensor<2x64xf32>
+# KPAIRMM:     call @__llmc_gemm_fp8dp_2x1x32(%{{.*}}, %{{.*}}) : (tensor<2x32xf32>, tensor<1x32x64xi8>) -> tensor<2x64xf32>
+# KPAIRMM:     func.call @llmc_gemm_fp8dp(
 
 # FNUZ:        torch.aten.view.dtype {{.*}} -> !torch.vtensor<[32,16],f8E4M3FNUZ>
 # FNUZ:        torch.aten.to.dtype {{.*}} -> !torch.vtensor<[32,16],f16>

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from llmc.compiler import pipeline, targets
-from llmc.passes._packed import KERNEL_GROUPS, KERNEL_OPTION, PACK
+from llmc.passes._packed import KERNEL_GROUPS, KERNEL_OPTION, PACK, PAIRS_OPTION, pairs_to_groups
 from llmc.passes.fp8_weights import FN_MAX, decode_native, decode_sw, fn_to_fnuz, quantize
 
 CODES = torch.arange(-128, 128, dtype=torch.int32).to(torch.int8)
@@ -75,17 +75,32 @@ def _dequantized(model: _Model, names) -> _Model:
     return ref
 
 
-@pytest.mark.parametrize("kernels", [False, True], ids=["reduction", "kernel-op"])
+# How a cpu build lays out and multiplies the packed weights: the graph's reduction, the C kernel ops over
+# 32-channel groups, or over the pair layout of a module whose CPUs have AVX512_BF16 (64 channels; here run
+# in eager PyTorch, on any CPU): (options, group)
+LAYOUTS = {"reduction": ({KERNEL_OPTION: False}, PACK), "kernel-op": ({KERNEL_OPTION: True, PAIRS_OPTION: False}, KERNEL_GROUPS["fp8"]),
+           "pairs": ({KERNEL_OPTION: True, PAIRS_OPTION: True}, KERNEL_GROUPS["fp8dp"])}
+
+
+def _plain(stored, layout: str):
+    """A stored weight in the plain packed layout P[b, k, j] = w[Gb + j, k]."""
+    return pairs_to_groups(stored) if layout == "pairs" else stored
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("embeddings, tokens", [(False, 5), (True, 5), (False, 1), (True, 1)])
-def test_pass_computes_with_the_dequantized_weights(embeddings, tokens, kernels):
-    """One token: every linear has a one-row input and becomes the packed reduction form on cpu; five
-    tokens: the weights are decoded and unpacked whole. Both run here in eager PyTorch."""
+def test_pass_computes_with_the_dequantized_weights(embeddings, tokens, layout):
+    """One token: every linear has a one-row input and becomes the packed reduction form on cpu (or the
+    kernel op); five tokens: the weights are decoded and unpacked whole (or the many-row kernel op). All
+    run here in eager PyTorch."""
+    options, g = LAYOUTS[layout]
+    kernels = options[KERNEL_OPTION]
     torch.manual_seed(0)
     model = _Model().eval()
     ids = torch.tensor([[3, 7, 0, 49, 7][:tokens]])
     program = torch.export.export(model, (ids,)).run_decompositions(pipeline.base_decompositions())
     target = targets.resolve("cpu", None, "fp8")
-    plan = pipeline.build(target, {"fp8_embeddings": embeddings, KERNEL_OPTION: kernels}, only=["fp8-weights"])
+    plan = pipeline.build(target, {"fp8_embeddings": embeddings, **options}, only=["fp8-weights"])
     program = plan.graph[0].run(program)
     quantized = ["up.weight", "down.weight"] + (["emb.weight"] if embeddings else [])
     assert sorted(k for k, v in program.state_dict.items() if v.dtype == torch.int8) == sorted(quantized)
@@ -96,9 +111,9 @@ def test_pass_computes_with_the_dequantized_weights(embeddings, tokens, kernels)
         stored = program.state_dict[k]
         if k == "emb.weight":  # gathered by rows: kept [rows, cols]
             assert torch.equal(stored, bits)
-        else:  # linear weights on cpu: G output channels side by side per K step (the C kernel's 32, else 8)
-            g = KERNEL_GROUPS["fp8"] if kernels else PACK
+        else:  # linear weights on cpu: G output channels side by side per K step (the C kernel's 32 or 64, else 8)
             assert stored.shape == (-(-rows // g), cols, g)
+            stored = _plain(stored, layout)
             unpacked = stored.permute(0, 2, 1).reshape(-1, cols)
             assert torch.equal(stored[0, 5, :rows], bits[:g, 5]) and torch.equal(unpacked[:rows], bits)
             assert not unpacked[rows:].any()  # padding rows are zero codes
@@ -145,23 +160,25 @@ class _Tied(torch.nn.Module):
         return torch.nn.functional.linear(h, self.emb.weight)
 
 
-@pytest.mark.parametrize("kernels", [False, True], ids=["reduction", "kernel-op"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("tokens", [1, 5])
-def test_packed_layout_pads_rows_and_serves_a_tied_embedding(tokens, kernels):
-    """N % G != 0 is padded with zero rows to the next multiple of G (8, or the C kernel's 32; sliced
+def test_packed_layout_pads_rows_and_serves_a_tied_embedding(tokens, layout):
+    """N % G != 0 is padded with zero rows to the next multiple of G (8, or the C kernel's 32 or 64; sliced
     off after the product); a table that is both gathered from and multiplied by is packed too, and
-    its embedding gathers rows of codes from the packed layout. Same values as the dequantized weights."""
+    its embedding gathers rows of codes from the packed layout (from the pair layout: from one copy of
+    the codes in the plain one). Same values as the dequantized weights."""
+    options, g = LAYOUTS[layout]
     torch.manual_seed(0)
     model = _Tied().eval()
     ids = torch.tensor([[3, 7, 0, 49, 7][:tokens]])
     program = torch.export.export(model, (ids,)).run_decompositions(pipeline.base_decompositions())
-    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), {KERNEL_OPTION: kernels}, only=["fp8-weights"])
+    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), options, only=["fp8-weights"])
     program = plan.graph[0].run(program)
-    g = KERNEL_GROUPS["fp8"] if kernels else PACK
     for name, (rows, cols) in {"emb.weight": (50, 16), "mid.weight": (20, 16)}.items():
         stored = program.state_dict[name]
         bits, _ = quantize(model.state_dict()[name])
         assert stored.shape == (-(-rows // g), cols, g)
+        stored = _plain(stored, layout)
         unpacked = stored.permute(0, 2, 1).reshape(-1, cols)
         assert torch.equal(unpacked[:rows], bits) and not unpacked[rows:].any()
     table = next(k for k, v in program.graph_signature.inputs_to_parameters.items() if v == "emb.weight")

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from llmc.compiler import ukernels
+from llmc.runtime import module as rt_module
 
 pytestmark = pytest.mark.skipif((ukernels.c_compiler() is None or os.uname().machine != "x86_64")
                                 and not os.environ.get("LLMC_REQUIRE_CPU_KERNELS"),
@@ -62,12 +63,37 @@ def test_runs_each_kind_and_its_sums_match_the_decoded_weights(tmp_path, capsys)
     assert report["weight_bytes"] == max(r["rounds"][0]["bytes"] for r in report["kinds"].values())
 
 
+_PAIRS = all(rt_module.host_has(rt_module.host_cpu_flags(), f) for f in ukernels.FP8_PAIR_FEATURES)
+
+
+def test_spec_of_the_pair_layout():
+    from llmc.tools import bench_matvec
+
+    # 64 groups of 64 at K = 4096: 256 KiB a group
+    assert bench_matvec.spec("fp8dp", [(4096, 4096)], "znver4") == f"fp8dp:llmc_matvec_fp8dp:0:64:64x4096x{ukernels.groups_per_workgroup('fp8dp', 64, 4096)}"
+
+
+@pytest.mark.skipif(not _PAIRS, reason="runs AVX512_BF16 code: needs a CPU with it (Zen 4, Sapphire Rapids)")
+def test_runs_the_pair_layout_and_its_sums_match_the_decoded_weights(tmp_path):
+    """The driver reads fp8dp's codes in the pair layout and gives its loop x's bf16 halves: the check against
+    the decoded weights holds to the halves' 2^-17 plus f32 summation (a wrong layout is off by the terms)."""
+    from llmc.models.llama.config import get_config
+    from llmc.tools import bench_matvec
+
+    out = tmp_path / "r.json"
+    assert bench_matvec.main(["--config", "tiny", "--kinds", "fp8,fp8dp", "--rounds", "2", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())["kinds"]["fp8dp"]
+    assert 0 <= r["check"] < 2e-5, r["check"]
+    shapes = bench_matvec.products(get_config("tiny"), get_config("tiny").n_layers, head=True)
+    assert r["rounds"][0]["bytes"] == sum(-(-n // 64) * 64 * k for n, k in shapes)
+
+
 def test_bad_usage_is_one_line_and_exit_2(capsys):
     from llmc.tools import bench_matvec
 
     with pytest.raises(SystemExit) as e:
         bench_matvec.parse(["--kinds", "fp16"])
-    assert e.value.code == 2 and "--kinds fp16: choose from fp8, bf16, int8" in capsys.readouterr().err
+    assert e.value.code == 2 and "--kinds fp16: choose from fp8, bf16, int8, fp8dp" in capsys.readouterr().err
 
 
 def test_a_footprint_over_the_free_memory_is_refused_in_one_line(monkeypatch, capsys):

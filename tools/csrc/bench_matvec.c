@@ -5,7 +5,8 @@
  *   bench_matvec ROUNDS SPEC [SPEC ...]
  *   SPEC = KIND:FUNCTION:PAIR_MIN_K:G:GROUPSxKxPER[,GROUPSxKxPER ...]   (products in the order a step runs them)
  *
- * KIND is fp8, int8 or bf16 (1, 1, 2 bytes a weight); FUNCTION the C function the compile would call for it
+ * KIND is fp8, fp8dp (fp8 in the pair layout of passes/_packed.py pack_pairs, for CPUs with AVX512_BF16; G 64),
+ * int8 or bf16 (1, 1, 1, 2 bytes a weight); FUNCTION the C function the compile would call for it
  * (llmc_matvec_bf16 or llmc_matvec_bf16_avx512 for bf16); PAIR_MIN_K the bf16 loop's threshold; G the channels
  * of a packed group (passes/_packed.py KERNEL_GROUPS: the layout the kernels read). The weights lie one product after the other in one buffer of 2 MB pages (as llmc's resident
  * weights), each product called workgroup by workgroup, in order, as IREE's local-sync device calls them; the
@@ -32,6 +33,8 @@
 #define MEMREF(T, name) T *name##_base, T *name##_aligned, size_t name##_offset, size_t name##_size, size_t name##_stride
 void llmc_matvec_fp8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
                      size_t per_wg, size_t wg);
+void llmc_matvec_fp8dp(MEMREF(const uint16_t, xq), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
+                       size_t per_wg, size_t wg);
 void llmc_matvec_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
                       size_t per_wg, size_t wg);
 void llmc_matvec_bf16(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(float, y), size_t k, size_t groups,
@@ -42,7 +45,7 @@ void llmc_matvec_bf16_avx512(MEMREF(const float, x), MEMREF(const uint16_t, p), 
 #define MAX_PRODUCTS 4096
 #define MAX_KINDS 8
 
-enum loop { FP8, INT8, BF16, BF16_AVX512 }; /* the C function a SPEC names, resolved once at parse */
+enum loop { FP8, FP8DP, INT8, BF16, BF16_AVX512 }; /* the C function a SPEC names, resolved once at parse */
 
 typedef struct {
   char kind[8], function[40];
@@ -72,10 +75,12 @@ static void parse(const char *arg, spec_t *s) {
   s->pair_min_k = strtoull(c2 + 1, NULL, 10);
   s->group = strtoull(c3 + 1, NULL, 10);
   if (!strcmp(s->kind, "fp8")) s->loop = FP8, s->elem = 1;
+  else if (!strcmp(s->kind, "fp8dp")) s->loop = FP8DP, s->elem = 1;
   else if (!strcmp(s->kind, "int8")) s->loop = INT8, s->elem = 1;
   else if (!strcmp(s->kind, "bf16")) s->loop = strcmp(s->function, "llmc_matvec_bf16_avx512") ? BF16 : BF16_AVX512, s->elem = 2;
-  else die("KIND must be fp8, int8 or bf16");
-  if (s->group != 8 && s->group != 32) die("G must be 8 or 32");
+  else die("KIND must be fp8, fp8dp, int8 or bf16");
+  if (s->group != 8 && s->group != 32 && s->group != 64) die("G must be 8, 32 or 64");
+  if ((s->loop == FP8DP) != (s->group == 64)) die("fp8dp's G is 64, and only fp8dp's");
   for (const char *p = c4 + 1; *p;) {
     if (s->count == MAX_PRODUCTS) die("too many products");
     char *end;
@@ -91,10 +96,46 @@ static void parse(const char *arg, spec_t *s) {
   }
 }
 
+/* fp8dp's x: the bf16 halves of x * 2^32, [2, K] (hi then lo, each rounded to nearest even), as the compiled
+ * graph computes them (compiler/ukernels.py fp8_x_halves); one buffer per K, made on its first use (the check
+ * or the untimed round 0) */
+#define MAX_HALVES 8
+static size_t halves_k[MAX_HALVES];
+static uint16_t *halves[MAX_HALVES];
+
+static uint16_t bf16_bits(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  return (uint16_t)((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+}
+
+static const uint16_t *x_halves(const float *x, size_t k) {
+  int i = 0;
+  for (; i < MAX_HALVES && halves[i]; i++)
+    if (halves_k[i] == k) return halves[i];
+  if (i == MAX_HALVES) die("too many K values for fp8dp");
+  uint16_t *h = malloc(4 * k);
+  if (!h) die("out of memory");
+  for (size_t j = 0; j < k; j++) {
+    float v = x[j] * 0x1p32f, hi;
+    h[j] = bf16_bits(v);
+    uint32_t hb = (uint32_t)h[j] << 16;
+    memcpy(&hi, &hb, 4);
+    h[k + j] = bf16_bits(v - hi);
+  }
+  halves_k[i] = k, halves[i] = h;
+  return h;
+}
+
 static void call(const spec_t *s, size_t i, const float *x, const void *p, float *y, size_t wg) {
   size_t n = s->groups[i] * s->group, k = s->k[i], g = s->groups[i], per = s->per[i];
   switch (s->loop) {
   case FP8: llmc_matvec_fp8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg); break;
+  case FP8DP: {
+    const uint16_t *xq = x_halves(x, k);
+    llmc_matvec_fp8dp(0, xq, 0, 2 * k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg);
+    break;
+  }
   case INT8: llmc_matvec_int8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg); break;
   case BF16_AVX512: llmc_matvec_bf16_avx512(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->pair_min_k); break;
   case BF16: llmc_matvec_bf16(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->pair_min_k); break;
@@ -118,7 +159,7 @@ static double value(const spec_t *s, const uint8_t *w, size_t index) {
     memcpy(&f, &bits, 4);
     return fpclassify(f) == FP_SUBNORMAL ? 0.0 : f;
   }
-  unsigned c = w[index], e = (c >> 3) & 15, m = c & 7;
+  unsigned c = w[index], e = (c >> 3) & 15, m = c & 7; /* fp8 and fp8dp */
   double v = e ? ldexp(1.0 + m / 8.0, (int)e - 7) : 0.0; /* E4M3 subnormals read as 0 */
   return ldexp(c & 0x80 ? -v : v, -120);
 }
@@ -130,7 +171,10 @@ static double check(const spec_t *s, const float *x, const uint8_t *w, float *y)
   for (size_t c = 0; c < s->groups[0] * g; c++) {
     double sum = 0, terms = 0;
     for (size_t i = 0; i < k; i++) {
-      double t = value(s, w, ((c / g) * k + i) * g + c % g) * x[i];
+      size_t j = c % g, at = s->loop == FP8DP /* the pair layout: passes/_packed.py pack_pairs */
+                                ? (c / g) * k * g + (i / 2) * 128 + (j / 16) * 32 + (j % 8) * 4 + 2 * (i % 2) + (j / 8) % 2
+                                : ((c / g) * k + i) * g + j;
+      double t = value(s, w, at) * x[i];
       sum += t;
       terms += fabs(t);
     }
