@@ -24,11 +24,14 @@ and is bound by how far its loads run ahead of its arithmetic; the C loop reads 
 one after the other as one sequential stream (bf16 groups of 64 KiB or more 2 side by side, bf16's
 every group on Zen 3: BF16_PAIR_MIN_K_BY_CPU; int8's and fp8's with a prefetch ahead), fp8 (32 channels a group) decodes
 32 codes from one load without a shuffle, and a K step of a bf16 group (32 channels) is one cache
-line. Measured in docs/targets.md ("cpu matvec kernels").
+line; in a module whose every CPU has AVX512_BF16, fp8 weights are packed in a pair layout (kind fp8dp,
+64 channels) that a dot-product loop reads with x as two bf16 halves (fp8_x_halves), each term within
+2^-17 of itself. Measured in docs/targets.md ("cpu matvec kernels").
 
 Safe because: the C decode of each weight is the graph's own (bit-exact: integer ops and the f32 read
 of the result, or int -> f32), the scale and its factor stay in the graph after the sum, and only
-the f32 summation order differs, as it already does between IREE's own tilings. Used only where
+the f32 summation order differs, as it already does between IREE's own tilings (fp8dp: and x, taken as
+two bf16 halves, is within 2^-17 of itself in every product; tests/compiler/test_ukernels.py bounds it). Used only where
 every CPU the module is built for has AVX2 and FMA (`unavailable`); the object is built with the
 system C compiler (`$CC`, else cc, gcc or clang) once per source and compiler, and cached. Without a
 C compiler, or with LLMC_CPU_KERNELS=off, the graph keeps IREE's own loop (same values).

@@ -2,7 +2,9 @@
 
 Shared by `fp8-weights` and `bf16-weights` on llvm-cpu. A linear weight [N, K] stored narrower than
 it is computed is kept as P[ceil(N/G), K, G] (P[b, k, j] = w[G*b + j, k]; N padded with zero rows to
-a multiple of G), G output channels per group: 8 by default (fp8, int8), 16 for bf16. Its uses become:
+a multiple of G), G output channels per group: 8 by default (fp8, int8; 32 where the C kernels serve,
+KERNEL_GROUPS), or, for fp8 in a module whose every CPU has AVX512_BF16, the C kernel's pair layout of
+64-channel groups (pack_pairs, below; every use but the kernels' reads a plain-layout copy). Its uses become:
 
 - `x @ w.T` with one row of x (every linear of a decode step, prefill's LM head):
       (x.view(1, K/4, 4, 1) * dec(P).view(N/G, K/4, 4, G)).sum(1).sum(1).view(1, N)[:, :N] * s.T

@@ -5,7 +5,8 @@
  * compiler and rewrites each `llmc.matvec_*` op into a dispatch that calls it). A decode step's
  * linear layers are these products: y[1, N] = x[1, K] @ w[N, K].T, the weight read once from its
  * narrow packed form P[N/G, K, G] (P[b, k, j] = w[G*b + j, k]; passes/_packed.py), decoded in
- * registers and multiplied in f32. G is 32 for fp8, bf16 and int8 (_packed.KERNEL_GROUPS).
+ * registers and multiplied in f32. G is 32 for fp8, bf16 and int8 (_packed.KERNEL_GROUPS); fp8 in a module
+ * whose every CPU has AVX512_BF16 is packed in a pair layout of 64-channel groups instead (llmc_matvec_fp8dp).
  *
  * Why by hand: IREE 3.13's vectorizer reads one group of G channels at a time, with no software
  * prefetch, and that loop is bound by how far its loads run ahead of its arithmetic (docs/targets.md,
