@@ -174,7 +174,8 @@ class QuantizedWeightsPass(GraphPass):
                 rows = self._decode_packed_at_uses(graph, node, scale_node, tuple(tensor.shape), per_row=scale.shape[0] != 1,
                                                    outputs=sig.output_specs, compute=compute)
                 _packed.propagate_fake(graph, node, scale_node, node.meta.get("val"), stored, scale)
-                decode = f"{codec.form}, packed" + _packed.rows_form(*rows)
+                pairs = self._layout(tensor.shape[1])[2]
+                decode = f"{codec.form}, packed{' in pairs' if pairs else ''}" + _packed.rows_form(*rows)
             else:
                 self._decode_at_uses(graph, node, scale_node, native, compute, stored, scale, sig.output_specs)
                 decode = native or codec.form

@@ -6,7 +6,8 @@
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype fp8 --stats 2> %t.krow.stats | filecheck %s --check-prefix=KROW
 # RUN: filecheck %s --check-prefix=KROWSTATS < %t.krow.stats
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.pt2 --pipeline --target cpu --arch x86-64-v3 --dtype fp8 | filecheck %s --check-prefix=KMM
-# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch znver4 --dtype fp8 | filecheck %s --check-prefix=KPAIR
+# RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.row.pt2 --pipeline --target cpu --arch znver4 --dtype fp8 --stats 2> %t.kpair.stats | filecheck %s --check-prefix=KPAIR
+# RUN: filecheck %s --check-prefix=KPAIRSTATS < %t.kpair.stats
 # RUN: env LLMC_CPU_KERNELS=on llmc-opt %t.pt2 --pipeline --target cpu --arch znver4 --dtype fp8 | filecheck %s --check-prefix=KPAIRMM
 # RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx942 --dtype fp8 | filecheck %s --check-prefix=FNUZ
 # RUN: llmc-opt %t.pt2 --pipeline --target hip --arch gfx950 --dtype fp8 | filecheck %s --check-prefix=FN
@@ -107,6 +108,8 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 # KPAIR:       flow.dispatch @__llmc_kernels::@matvec_fp8dp[%g, %per](%xq, %p, %k, %g, %per) : (tensor<2x16xi16>, tensor<1x16x64xi8>
 # KPAIR:       func.func private @llmc_matvec_fp8dp(memref<?xi16>, memref<?xi8>, memref<?xf32>
 # KPAIR:       func.call @llmc_matvec_fp8dp(%x, %p, %y, %k, %g, %per, %wg)
+
+# KPAIRSTATS:  "per-channel software, packed in pairs, 1 one-row product(s) as C kernel calls": 2
 
 # KPAIRMM:     call @__llmc_gemm_fp8dp_2x1x16(%{{.*}}, %{{.*}}) : (tensor<2x16xf32>, tensor<1x16x64xi8>) -> tensor<2x64xf32>
 # KPAIRMM:     call @__llmc_gemm_fp8dp_2x1x32(%{{.*}}, %{{.*}}) : (tensor<2x32xf32>, tensor<1x32x64xi8>) -> tensor<2x64xf32>

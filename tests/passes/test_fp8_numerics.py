@@ -119,7 +119,8 @@ def test_pass_computes_with_the_dequantized_weights(embeddings, tokens, layout):
             assert not unpacked[rows:].any()  # padding rows are zero codes
     forms = plan.stats()[0]["forms"]
     # one-row products: the reduction graph, or llmc::matvec_fp8 (eager: its torch definition)
-    reduced = f"per-channel software, packed, 1 one-row product(s) as {'C kernel calls' if kernels else 'a reduction'}"
+    packed = "packed in pairs" if layout == "pairs" else "packed"  # the stats name the pair layout
+    reduced = f"per-channel software, {packed}, 1 one-row product(s) as {'C kernel calls' if kernels else 'a reduction'}"
     assert forms.get(reduced, 0) == (2 if tokens == 1 else 0), forms
     got = program.module()(ids)
     want = _dequantized(model, quantized)(ids)
