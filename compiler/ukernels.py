@@ -51,6 +51,7 @@ from pathlib import Path
 
 from llmc.errors import CompileError
 from llmc.passes._packed import GEMM_GROUP_MULTIPLE, KERNEL_GROUPS
+from llmc.passes._packed import PAIR_KINDS as _PAIR_KINDS
 
 SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
 # The ops the graph passes emit, as torch-mlir imports them (`torch.operator "torch.llmc.matvec_fp8"`).
@@ -89,6 +90,7 @@ BF16_MATVEC_FUNCTION_AVX512 = "llmc_matvec_bf16_avx512"
 # rate over the Llama-3-8B-shaped products on one Zen 4 core (docs/targets.md). Zen 4 and 5, Cooper Lake,
 # Sapphire Rapids and later Xeons have them; x86-64-v4 and Ice Lake do not.
 FP8_PAIR_FEATURES = ("avx512f", "avx512vl", "avx512bf16")
+PAIR_KINDS = frozenset(_PAIR_KINDS.values())  # the kinds in the pair layout (K even)
 FP8_X_SCALE = 2.0**32  # the dot-product loop's x is taken x 2^32 (its C comment says why) and its sums x 2^-32
 EXECUTABLE = "__llmc_kernels"
 DECL_PREFIX = "__llmc_matvec_"
@@ -256,15 +258,17 @@ def lower_calls(module) -> int:
                 rows = xs[0][0] if len(xs[0]) == 2 else ""
                 m = None if rows == "?" else int(rows) if rows.isdigit() else -1
                 if (kind not in GEMM_KINDS or groups < 1 or (m is not None and m < 1) or groups % GEMM_GROUP_MULTIPLE.get(kind, 1)
-                        or (xs, ps[0][2], ps[1]) != (([rows, str(k)], "f32"), str(group), torch_elem)):
+                        or (xs, ps[0][2], ps[1]) != (([rows, str(k)], "f32"), str(group), torch_elem) or (kind in PAIR_KINDS and k % 2)):
+                    even = ", K even (the pair layout)" if kind in PAIR_KINDS else ""
                     raise CompileError(f"llmc::gemm_{kind} takes x [M, K] f32 and {torch_elem} codes [N/{group}, K, {group}], "
-                                       f"K and the codes static; got {x.type} and {p.type}")
+                                       f"K and the codes static{even}; got {x.type} and {p.type}")
                 name = gemm_declaration_name(kind, m, groups, k)
             else:
                 m = 1
                 # the kernel's only form: x [1, K] f32, codes [G, K, group] (static)
-                if groups < 1 or (xs, ps[0][2], ps[1]) != ((["1", str(k)], "f32"), str(group), torch_elem):
-                    raise CompileError(f"llmc::matvec_{kind} takes x [1, K] f32 and {torch_elem} codes [N/{group}, K, {group}], static; "
+                if groups < 1 or (xs, ps[0][2], ps[1]) != ((["1", str(k)], "f32"), str(group), torch_elem) or (kind in PAIR_KINDS and k % 2):
+                    even = ", K even (the pair layout)" if kind in PAIR_KINDS else ""
+                    raise CompileError(f"llmc::matvec_{kind} takes x [1, K] f32 and {torch_elem} codes [N/{group}, K, {group}], static{even}; "
                                        f"got {x.type} and {p.type}")
                 name = declaration_name(kind, groups, k)
             dim = "?" if m is None else m

@@ -340,6 +340,27 @@ def test_import_refuses_a_kernel_op_of_another_form():
     assert e.value.exit_code == 3
 
 
+@pytest.mark.parametrize("op", ["matvec", "gemm"])
+def test_import_refuses_a_pair_layout_op_with_an_odd_k(op):
+    """The pair layout holds K pairs: an fp8dp op with an odd K (which the passes never emit) is refused at import."""
+    from llmc.compiler import export, importer
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("p", torch.zeros(1, 5, 64, dtype=torch.int8))
+
+        def forward(self, x):
+            return (_packed.KERNEL_OPS if op == "matvec" else _packed.GEMM_OPS)["fp8dp"](x, self.p)
+
+    rows = 1 if op == "matvec" else 3
+    ep = torch.export.export(Odd(), (torch.randn(rows, 5),))
+    with pytest.raises(CompileError) as e:
+        importer.import_programs([(export.Exported(ep, ""), "main")])
+    assert f"llmc::{op}_fp8dp takes x [{'1' if op == 'matvec' else 'M'}, K] f32 and si8 codes [N/64, K, 64]" in str(e.value)
+    assert "K even (the pair layout)" in str(e.value) and e.value.exit_code == 3
+
+
 def _gemm_program(kind: str, dynamic: bool, k: int = 4):
     """An exported program whose main is llmc::gemm_<kind>(x [M, k], a buffer of zero codes [2, k, G])."""
     elem, group = ukernels.GEMM_LAYOUTS[kind]
