@@ -51,7 +51,7 @@ from pathlib import Path
 
 from llmc.errors import CompileError
 from llmc.passes._packed import GEMM_GROUP_MULTIPLE, KERNEL_GROUPS
-from llmc.passes._packed import PAIR_KINDS as _PAIR_KINDS
+from llmc.passes._packed import PAIR_LAYOUTS
 
 SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
 # The ops the graph passes emit, as torch-mlir imports them (`torch.operator "torch.llmc.matvec_fp8"`).
@@ -90,7 +90,6 @@ BF16_MATVEC_FUNCTION_AVX512 = "llmc_matvec_bf16_avx512"
 # rate over the Llama-3-8B-shaped products on one Zen 4 core (docs/targets.md). Zen 4 and 5, Cooper Lake,
 # Sapphire Rapids and later Xeons have them; x86-64-v4 and Ice Lake do not.
 FP8_PAIR_FEATURES = ("avx512f", "avx512vl", "avx512bf16")
-PAIR_KINDS = frozenset(_PAIR_KINDS.values())  # the kinds in the pair layout (K even)
 FP8_X_SCALE = 2.0**32  # the dot-product loop's x is taken x 2^32 (its C comment says why) and its sums x 2^-32
 EXECUTABLE = "__llmc_kernels"
 DECL_PREFIX = "__llmc_matvec_"
@@ -253,21 +252,21 @@ def lower_calls(module) -> int:
             x, p = op.operands
             xs, ps = vtensor_dims(str(x.type)), vtensor_dims(str(p.type))
             groups, k = (int(d) if d.isdigit() else -1 for d in ps[0][:2])
+            odd_pairs = kind in PAIR_LAYOUTS and k % 2  # the pair layout holds K pairs
+            even = ", K even (the pair layout)" if kind in PAIR_LAYOUTS else ""
             if gemm:
                 # x [M, K] f32 with M fixed or dynamic ("?"), codes [G, K, group] (static)
                 rows = xs[0][0] if len(xs[0]) == 2 else ""
                 m = None if rows == "?" else int(rows) if rows.isdigit() else -1
                 if (kind not in GEMM_KINDS or groups < 1 or (m is not None and m < 1) or groups % GEMM_GROUP_MULTIPLE.get(kind, 1)
-                        or (xs, ps[0][2], ps[1]) != (([rows, str(k)], "f32"), str(group), torch_elem) or (kind in PAIR_KINDS and k % 2)):
-                    even = ", K even (the pair layout)" if kind in PAIR_KINDS else ""
+                        or (xs, ps[0][2], ps[1]) != (([rows, str(k)], "f32"), str(group), torch_elem) or odd_pairs):
                     raise CompileError(f"llmc::gemm_{kind} takes x [M, K] f32 and {torch_elem} codes [N/{group}, K, {group}], "
                                        f"K and the codes static{even}; got {x.type} and {p.type}")
                 name = gemm_declaration_name(kind, m, groups, k)
             else:
                 m = 1
                 # the kernel's only form: x [1, K] f32, codes [G, K, group] (static)
-                if groups < 1 or (xs, ps[0][2], ps[1]) != ((["1", str(k)], "f32"), str(group), torch_elem) or (kind in PAIR_KINDS and k % 2):
-                    even = ", K even (the pair layout)" if kind in PAIR_KINDS else ""
+                if groups < 1 or (xs, ps[0][2], ps[1]) != ((["1", str(k)], "f32"), str(group), torch_elem) or odd_pairs:
                     raise CompileError(f"llmc::matvec_{kind} takes x [1, K] f32 and {torch_elem} codes [N/{group}, K, {group}], static{even}; "
                                        f"got {x.type} and {p.type}")
                 name = declaration_name(kind, groups, k)
@@ -484,7 +483,7 @@ def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int |
     rows = 1 if m is None else "?" if m == "D" else m
     dims = "{%m}" if m == "D" else ""  # a dynamic tensor's size operand in flow.dispatch's type list
     tx, tp, ty = f"tensor<{rows}x{k}xf32>", f"tensor<{groups}x{k}x{group}x{elem}>", f"tensor<{rows}x{groups * group}xf32>"
-    halves = m is None and kind == "fp8dp"  # the dot-product loop takes x as [2, K] bf16 halves (fp8_x_halves)
+    halves = m is None and kind in PAIR_LAYOUTS  # the dot-product loop takes x as [2, K] bf16 halves (fp8_x_halves)
     operand, to = ("%xq", f"tensor<2x{k}xi16>") if halves else ("%x", tx)
     per = groups_per_workgroup(kind, groups, k) if m is None else gemm_groups_per_workgroup(kind, groups)
     op, sizes = ("matvec", ["%k", "%g", "%per", *_matvec_extra(kind)]) if m is None else ("gemm", ["%m", "%k", "%g", "%per"])
@@ -679,7 +678,7 @@ def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attenti
         idx = ", index" * len(extra)
         args, params = "".join(f", {a}" for a in extra), "".join(f", {a}: index" for a in extra)
         c_function = bf16_function if kind == "bf16" else f"llmc_matvec_{kind}"
-        halves = kind == "fp8dp"  # x as [2, K] bf16 bits (fp8_x_halves)
+        halves = kind in PAIR_LAYOUTS  # x as [2, K] bf16 bits (fp8_x_halves)
         xe, nx = ("i16", "%nx") if halves else ("f32", "%k")
         x_size = "\n      %nx = affine.apply affine_map<()[s0] -> (s0 * 2)>()[%k]" if halves else ""
         exports.append(_export(f"matvec_{kind}"))

@@ -60,7 +60,8 @@ KERNEL_GROUPS = {"fp8": 32, "int8": 32, "bf16": 32, "f32": 16,  # f32: the many-
 # [N/64, K, 64] in shape, so every other use reads it through `pairs_to_groups` (the plain layout). On one Zen 4
 # core that loop reads the Llama-3-8B-shaped products 1.105x faster than the AVX2 loop over 32-channel groups
 # (compiler/csrc/matvec_x86_64.c, docs/targets.md "fp8 with AVX-512 BF16 dot products").
-PAIR_KINDS = {"fp8": "fp8dp"}
+PAIR_KINDS = {"fp8": "fp8dp"}  # kind -> its kind in the pair layout
+PAIR_LAYOUTS = frozenset(PAIR_KINDS.values())  # the kinds stored in the pair layout (K even)
 PAIRS_OPTION = "fp8_pairs"
 KSPLIT = 4  # independent partial sums per output channel in a one-row product (docs/targets.md)
 KERNEL_OPTION = "matvec_kernels"  # ctx.options: True when compiler/ukernels.py's kernels serve this target
@@ -118,6 +119,23 @@ def group_for(ctx, kind: str, default: int = PACK) -> int:
     return KERNEL_GROUPS[kind] if kernel_kind(ctx, kind) else default
 
 
+def layout_for(ctx, kind: str, k: int, default: int = PACK) -> tuple[int, str | None]:
+    """(output channels per packed group, C kernel kind or None) of a `kind` weight with K = k under this pass
+    context: the pair layout's kind (PAIR_KINDS, 64 channels) where ctx.options[PAIRS_OPTION] is set and K is
+    even; else group_for's group with kernel_kind. A function of K and the options only, so every entry point
+    of a program stores a weight alike. `pack_as` stores it so; a kernel kind in PAIR_LAYOUTS means pairs."""
+    kernel = kernel_kind(ctx, kind)
+    pair = PAIR_KINDS.get(kernel) if kernel else None
+    if pair and ctx.options.get(PAIRS_OPTION) and k % 2 == 0:
+        return KERNEL_GROUPS[pair], pair
+    return group_for(ctx, kind, default), kernel
+
+
+def pack_as(w: torch.Tensor, group: int, kernel: str | None) -> torch.Tensor:
+    """`w` [N, K] stored as layout_for said: the pair layout for a PAIR_LAYOUTS kernel, else pack(w, group)."""
+    return pack_pairs(w) if kernel in PAIR_LAYOUTS else pack(w, group)
+
+
 def rows_form(rows: int, kernel_rows: int, gemm_rows: int = 0, dynamic_rows: int = 0) -> str:
     """The statistics suffix naming how a packed weight's one-row and many-row (fixed or dynamic row count)
     products were written."""
@@ -151,17 +169,21 @@ def pack_pairs(w: torch.Tensor) -> torch.Tensor:
     return w.reshape(-1, 4, 2, 8, k // 2, 2).permute(0, 4, 1, 3, 5, 2).reshape(-1, k, 64).contiguous()
 
 
+_PAIR_BLOCK = (4, 8, 2, 2)  # a K pair's 128 bytes: [q, d, kk, h]
+_PAIRS_TO_PLAIN = [0, 1, 4, 2, 5, 3]  # [b, kp, q, d, kk, h] -> [b, kp, kk, q, h, d]: k = 2kp + kk, j = 16q + 8h + d
+
+
 def pairs_to_groups(p: torch.Tensor) -> torch.Tensor:
     """The pair layout -> the plain one, P[b, k, j] = w[64b + j, k] (what `pack(w, 64)` gives)."""
     b, k, _ = p.shape
-    return p.reshape(b, k // 2, 4, 8, 2, 2).permute(0, 1, 4, 2, 5, 3).reshape(b, k, 64)
+    return p.reshape(b, k // 2, *_PAIR_BLOCK).permute(*_PAIRS_TO_PLAIN).reshape(b, k, 64)
 
 
 def emit_pairs_to_groups(graph, node, groups: int, k: int):
     """pairs_to_groups as graph nodes (a copy of the codes: the uses other than the C kernels')."""
     call = graph.call_function
-    v = call(_aten.view.default, (node, [groups, k // 2, 4, 8, 2, 2]))
-    t = call(_aten.permute.default, (v, [0, 1, 4, 2, 5, 3]))
+    v = call(_aten.view.default, (node, [groups, k // 2, *_PAIR_BLOCK]))
+    t = call(_aten.permute.default, (v, _PAIRS_TO_PLAIN))
     c = call(_aten.clone.default, (t,), {"memory_format": torch.contiguous_format})
     return call(_aten.view.default, (c, [groups, k, 64]))
 
@@ -172,7 +194,7 @@ def unpack(p: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *, scale=None, per_row: bool = True,
-                 rows_dec: Callable | None = None, group: int = PACK, kernel: str | None = None, pairs: bool = False) -> int:
+                 rows_dec: Callable | None = None, group: int = PACK, kernel: str | None = None) -> int:
     """Rewrite every use of the packed weight `node` (originally [N, K] = `shape`) as described above.
 
     dec(graph, codes_node) -> f32 node: the decode of stored codes, emitted at the insertion point.
@@ -186,8 +208,8 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
         `llmc::matvec_<kernel>(x, P)` (the same unscaled sum, run by compiler/ukernels.py's C kernel),
         and, where GEMM_OPS has the kind, products with M >= 2 f32 rows, fixed (a prefill chunk's or
         bucket's) or dynamic (the dynamic prefill's), `llmc::gemm_<kernel>(x, P)`.
-    pairs: `node` is in the pair layout (pack_pairs; group 64, `kernel` its pair kind): the kernels read it as
-        it is, every other use through one copy in the plain layout (emit_pairs_to_groups), made ahead of
+        A kernel kind in PAIR_LAYOUTS: `node` is in the pair layout (pack_pairs, group 64); the kernels read it
+        as it is, every other use through one copy in the plain layout (emit_pairs_to_groups), made ahead of
         the first op.
     Returns (one-row products, how many of them are kernel calls, fixed and dynamic many-row kernel calls).
     """
@@ -196,11 +218,11 @@ def rewrite_uses(graph, node, shape: tuple[int, int], dec: Callable, outputs, *,
     npad = padded(n, group)
     rows = kernel_rows = gemm_rows = dynamic_rows = 0
     decoders = set()  # the decode chains' own reads of the codes
-    plain = []  # pairs: the plain-layout copy, once made
+    plain = []  # the pair layout's plain-layout copy, once made
 
     def plain_codes():
         """The codes in the plain layout, as the graph's own decodes and gathers read them."""
-        if not pairs:
+        if kernel not in PAIR_LAYOUTS:
             return node
         if not plain:
             before = set(node.users)

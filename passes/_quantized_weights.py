@@ -174,7 +174,7 @@ class QuantizedWeightsPass(GraphPass):
                 rows = self._decode_packed_at_uses(graph, node, scale_node, tuple(tensor.shape), per_row=scale.shape[0] != 1,
                                                    outputs=sig.output_specs, compute=compute)
                 _packed.propagate_fake(graph, node, scale_node, node.meta.get("val"), stored, scale)
-                pairs = self._layout(tensor.shape[1])[2]
+                pairs = self._layout(tensor.shape[1])[1] in _packed.PAIR_LAYOUTS
                 decode = f"{codec.form}, packed{' in pairs' if pairs else ''}" + _packed.rows_form(*rows)
             else:
                 self._decode_at_uses(graph, node, scale_node, native, compute, stored, scale, sig.output_specs)
@@ -198,10 +198,7 @@ class QuantizedWeightsPass(GraphPass):
 
         def make(t):
             bits, scale = self.encode(t, per_channel, native)
-            if pack:
-                group, _, pairs = self._layout(t.shape[1])
-                bits = _packed.pack_pairs(bits) if pairs else _packed.pack(bits, group)
-            return self.ctx.keep(t, bits), scale, pack
+            return self.ctx.keep(t, _packed.pack_as(bits, *self._layout(t.shape[1])) if pack else bits), scale, pack
 
         return once_per_tensor(self.__dict__.setdefault("_done", {}), tensor, make)
 
@@ -217,20 +214,15 @@ class QuantizedWeightsPass(GraphPass):
         def rows_dec(g, codes, ids):
             return self._emit_decode(g, codes, g.call_function(_aten.embedding.default, (scale_node, ids)), None, compute)
 
-        group, kernel, pairs = self._layout(shape[1])
+        group, kernel = self._layout(shape[1])
         return _packed.rewrite_uses(graph, node, shape, codec.emit_bits, outputs, scale=scale, per_row=per_row,
-                                    rows_dec=rows_dec, group=group, kernel=kernel, pairs=pairs)
+                                    rows_dec=rows_dec, group=group, kernel=kernel)
 
-    def _layout(self, k: int) -> tuple[int, str | None, bool]:
-        """(output channels per packed group, C kernel kind or None, pair layout?) of a weight with K = k: the
-        pair layout (passes/_packed.py pack_pairs, 64 channels) where the module's CPUs have the dot-product
-        loop (ctx.options[PAIRS_OPTION]) and K is even; else the C kernel's group where it serves (32), else 8.
-        A function of K and the options only, so every entry point of a program stores a weight alike."""
-        kind = _packed.kernel_kind(self.ctx, self.codec.dtype)
-        pair_kind = _packed.PAIR_KINDS.get(kind) if kind else None
-        if pair_kind and self.ctx.options.get(_packed.PAIRS_OPTION) and k % 2 == 0:
-            return _packed.KERNEL_GROUPS[pair_kind], pair_kind, True
-        return _packed.group_for(self.ctx, self.codec.dtype), kind, False
+    def _layout(self, k: int) -> tuple[int, str | None]:
+        """(output channels per packed group, C kernel kind or None) of a weight with K = k (passes/_packed.py
+        layout_for: the pair layout where the module's CPUs have the fp8 dot-product loop, else 32 channels
+        where the C kernels serve, else 8)."""
+        return _packed.layout_for(self.ctx, self.codec.dtype, k)
 
     def _decode_at_uses(self, graph, node, scale_node, native, compute, bits, scale, outputs) -> None:
         """Matrix products read the whole decoded weight (decoded once, ahead of every use); an

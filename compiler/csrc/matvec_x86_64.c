@@ -293,10 +293,11 @@ __attribute__((target("avx512f"))) static void bf16_groups_512(const float *rest
  * per 128 bytes. A subnormal code (|value| < 2^-6) reads as 0, as in the AVX2 loop under IREE's
  * flush-to-zero. One group at a time (one sequential stream); no software prefetch (it made this loop no
  * faster). Sums: per channel the hi and lo sums apart, added at the end. In a C harness over two of the
- * Llama-3-8B-shaped layers from memory, one Zen 4 core, 24 rounds alternating with the AVX2 loop: 1.105x
- * its rate (every round faster), ~1.0 of a plain read; the same dot products on the 32-channel layout (a
- * broadcast pair per 64 bytes) 1.004x, and on 64-channel groups in the plain [K, 64] order with a byte
- * permutation per vector 1.037x (docs/targets.md "fp8 with AVX-512 BF16 dot products"). Needs K even. */
+ * Llama-3-8B-shaped layers from memory, one Zen 4 core, two runs of 24 rounds alternating with the AVX2 loop:
+ * 1.087x and 1.105x its rate (22 and 24 of 24 rounds faster), 0.98-1.02 of a plain read; the same dot products
+ * on the 32-channel layout (a broadcast pair per 64 bytes) 1.004x, and on 64-channel groups in the plain
+ * [K, 64] order with a byte permutation per vector 1.037x (docs/targets.md "fp8 with AVX-512 BF16 dot
+ * products over a pair layout"). Needs K even. */
 
 #define FP8DP_TARGET "avx512f,avx512vl,avx512bf16"
 
@@ -414,10 +415,14 @@ static inline void f32_gemm_groups(const float *restrict x, const float *restric
 
 #define GEMM_KB 128
 
-/* fp8: one K row of a 32-channel group -> its two 16-wide panel rows (fp8_store's transpose, split in halves) */
-static inline void fp8_gemm_row(const int8_t *row, float *w0, float *w1) {
+/* Each decode below fills, for K row kk of group pb (and kk + 1 where it takes a K pair), the rows of the two
+ * 16-wide panels q0 and q0 + 1 at w0 and w1 (16 floats a row). */
+
+/* fp8, 32-channel groups (q0 is 0): one K row -> its two panel rows (fp8_store's transpose, split in halves) */
+static inline void fp8_gemm_row(const int8_t *pb, size_t kk, int q0, float *w0, float *w1) {
+  (void)q0;
   __m256 d[4], t[4];
-  dec_fp8x32(row, d);
+  dec_fp8x32(pb + kk * 32, d);
   __m256 t0 = _mm256_unpacklo_ps(d[0], d[1]), t1 = _mm256_unpackhi_ps(d[0], d[1]);
   __m256 t2 = _mm256_unpacklo_ps(d[2], d[3]), t3 = _mm256_unpackhi_ps(d[2], d[3]);
   t[0] = _mm256_shuffle_ps(t0, t2, 0x44), t[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
@@ -428,57 +433,50 @@ static inline void fp8_gemm_row(const int8_t *row, float *w0, float *w1) {
   _mm256_store_ps(w1 + 8, _mm256_permute2f128_ps(t[2], t[3], 0x31));
 }
 
-/* int8: one K row -> channels 0..15 and 16..31, in order */
-static inline void int8_gemm_row(const int8_t *row, float *w0, float *w1) {
+/* int8, 32-channel groups (q0 is 0): one K row -> channels 0..15 and 16..31, in order */
+static inline void int8_gemm_row(const int8_t *pb, size_t kk, int q0, float *w0, float *w1) {
+  (void)q0;
+  const int8_t *row = pb + kk * 32;
   _mm256_store_ps(w0, dec_int8(row));
   _mm256_store_ps(w0 + 8, dec_int8(row + 8));
   _mm256_store_ps(w1, dec_int8(row + 16));
   _mm256_store_ps(w1 + 8, dec_int8(row + 24));
 }
 
-/* 32-channel groups of 1-byte codes: each K block of group b decoded by ROW into two 16-wide panels */
-#define PANEL_GEMM_GROUPS(NAME, ROW)                                                                       \
+/* fp8dp (the pair layout above, 64-channel groups): vector q of a K pair's block is panel q's two rows, so
+ * dec_fp8x32 gives row kk as d[0] | d[1] (channels 16q..16q+7 | 16q+8..16q+15) and row kk + 1 as d[2] | d[3]:
+ * no transpose. kk even. */
+static inline void fp8dp_gemm_pair(const int8_t *pb, size_t kk, int q0, float *w0, float *w1) {
+  float *w[2] = {w0, w1};
+  for (int h = 0; h < 2; h++) {
+    __m256 d[4];
+    dec_fp8x32(pb + kk * 64 + 32 * (q0 + h), d);
+    for (int j = 0; j < 4; j++) _mm256_store_ps(w[h] + 8 * j, d[j]);
+  }
+}
+
+/* G-channel groups of 1-byte codes, G / 16 panels each: for each pair of panels and each K block, DECODE fills
+ * the block's rows STEP at a time (1, or a K pair), and the 6 x 16 block runs over both panels. The 32-channel
+ * kinds have one pair of panels. GEMM_KB is even, so a pair never straddles two K blocks (K even for STEP 2). */
+#define PANEL_GEMM_GROUPS(NAME, G, STEP, DECODE)                                                           \
   static inline void NAME(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t m,   \
                           size_t k, size_t n, size_t first, size_t count) {                                \
     float w[2][GEMM_KB * 16] __attribute__((aligned(32)));                                                 \
     for (size_t b = first; b < first + count; b++) {                                                       \
-      const int8_t *pb = p + b * k * 32;                                                                   \
-      for (size_t k0 = 0; k0 < k; k0 += GEMM_KB) {                                                         \
-        size_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;                                                   \
-        for (size_t i = 0; i < kb; i++) ROW(pb + (k0 + i) * 32, w[0] + i * 16, w[1] + i * 16);             \
-        gemm_f32_panel(x + k0, m, k, kb, w[0], y + b * 32, n, k0 == 0);                                    \
-        gemm_f32_panel(x + k0, m, k, kb, w[1], y + b * 32 + 16, n, k0 == 0);                               \
-      }                                                                                                    \
+      const int8_t *pb = p + b * k * G;                                                                    \
+      for (int q0 = 0; q0 < G / 16; q0 += 2)                                                               \
+        for (size_t k0 = 0; k0 < k; k0 += GEMM_KB) {                                                       \
+          size_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;                                                 \
+          for (size_t i = 0; i < kb; i += STEP) DECODE(pb, k0 + i, q0, w[0] + i * 16, w[1] + i * 16);      \
+          gemm_f32_panel(x + k0, m, k, kb, w[0], y + b * G + 16 * q0, n, k0 == 0);                          \
+          gemm_f32_panel(x + k0, m, k, kb, w[1], y + b * G + 16 * q0 + 16, n, k0 == 0);                     \
+        }                                                                                                  \
     }                                                                                                      \
   }
 
-PANEL_GEMM_GROUPS(fp8_gemm_groups, fp8_gemm_row)
-
-/* fp8dp (the pair layout above, 64-channel groups): vector q of a K pair's block is panel q's two rows, so
- * dec_fp8x32 gives row k as d[0] | d[1] (channels 16q..16q+7 | 16q+8..16q+15) and row k + 1 as d[2] | d[3], no
- * transpose; a K block of two panels at a time (the same 16 KiB of stack as above). K even. */
-static inline void fp8dp_gemm_groups(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t m,
-                                     size_t k, size_t n, size_t first, size_t count) {
-  float w[2][GEMM_KB * 16] __attribute__((aligned(32)));
-  for (size_t b = first; b < first + count; b++) {
-    const int8_t *pb = p + b * k * 64;
-    for (int q0 = 0; q0 < 4; q0 += 2)
-      for (size_t k0 = 0; k0 < k; k0 += GEMM_KB) {
-        size_t kb = k - k0 < GEMM_KB ? k - k0 : GEMM_KB;
-        for (size_t i = 0; i < kb; i += 2)
-          for (int h = 0; h < 2; h++) {
-            __m256 d[4];
-            dec_fp8x32(pb + (k0 + i) * 64 + 32 * (q0 + h), d);
-            _mm256_store_ps(w[h] + i * 16, d[0]);
-            _mm256_store_ps(w[h] + i * 16 + 8, d[1]);
-            _mm256_store_ps(w[h] + i * 16 + 16, d[2]);
-            _mm256_store_ps(w[h] + i * 16 + 24, d[3]);
-          }
-        for (int h = 0; h < 2; h++) gemm_f32_panel(x + k0, m, k, kb, w[h], y + b * 64 + 16 * (q0 + h), n, k0 == 0);
-      }
-  }
-}
-PANEL_GEMM_GROUPS(int8_gemm_groups, int8_gemm_row)
+PANEL_GEMM_GROUPS(fp8_gemm_groups, 32, 1, fp8_gemm_row)
+PANEL_GEMM_GROUPS(int8_gemm_groups, 32, 1, int8_gemm_row)
+PANEL_GEMM_GROUPS(fp8dp_gemm_groups, 64, 2, fp8dp_gemm_pair)
 
 /* ---- entry points: workgroup `wg` computes groups [wg * per_wg, (wg + 1) * per_wg) ----
  *

@@ -147,6 +147,33 @@ def test_one_row_product_splits_k_in_four_partial_sums_when_it_can(k):
     assert torch.allclose(got, want, rtol=0, atol=1e-5), (got - want).abs().max()
 
 
+def test_pair_layout_only_for_an_even_k():
+    """With the pair option on, a weight with an odd K keeps the 32-channel layout and the plain kernel op (the
+    pair layout holds K pairs), one with an even K gets the 64-channel pair layout; both compute the product with
+    the dequantized weights (eager)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3, bias=False)).eval()
+    x = torch.randn(1, 7)
+    program = torch.export.export(model, (x,)).run_decompositions(pipeline.base_decompositions())
+    options, _ = LAYOUTS["pairs"]
+    plan = pipeline.build(targets.resolve("cpu", None, "fp8"), options, only=["fp8-weights"])
+    program = plan.graph[0].run(program)
+    assert program.state_dict["0.weight"].shape == (1, 7, KERNEL_GROUPS["fp8"])  # K = 7: 32 channels
+    assert program.state_dict["2.weight"].shape == (1, 10, KERNEL_GROUPS["fp8dp"])  # K = 10: pairs
+    ops = {n.target for n in program.graph.nodes if n.op == "call_function"}
+    assert torch.ops.llmc.matvec_fp8.default in ops and torch.ops.llmc.matvec_fp8dp.default in ops
+    forms = plan.stats()[0]["forms"]
+    assert forms == {"per-channel software, packed, 1 one-row product(s) as C kernel calls": 1,
+                     "per-channel software, packed in pairs, 1 one-row product(s) as C kernel calls": 1}, forms
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for w in (ref[0].weight, ref[2].weight):
+            bits, scale = quantize(w)
+            w.copy_(decode_sw(bits) * scale)
+    got, want = program.module()(x), ref(x)
+    assert torch.allclose(got, want, rtol=0, atol=1e-6), (got - want).abs().max()
+
+
 class _Tied(torch.nn.Module):
     """An embedding table tied to the output head, 50 rows: not a multiple of 8."""
 
