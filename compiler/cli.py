@@ -360,6 +360,10 @@ def cmd_info(args) -> int:
         if m["llm"].get("decode_static"):
             print(f"decode:   {m['llm']['decode_static']['function']} for every step (static shapes: the position an input, "
                   "attention over the whole cache masked past it)")
+        step = m["llm"].get("decode_static") or m["llm"]["decode"]
+        if step.get("greedy"):
+            print(f"greedy:   {step['greedy']['function']} for greedy steps ({step['function']} that also chooses the token; "
+                  "the host reads the token, not the logits)")
         tp = m["llm"].get("tensor_parallel")
         if tp:
             per = tp.get("param_bytes_by_device") or []

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from llmc import dtypes
-from llmc.compiler import artifacts, export, lower, ukernels
+from llmc.compiler import artifacts, export, greedy, lower, ukernels
 from llmc.compiler.progress import Phases
 from llmc.compiler.targets import check_static_decode, parse_buckets, parse_chunk, parse_kv_dtype
 from llmc.errors import ExportError, UsageError
@@ -359,6 +359,17 @@ def export_llm(llama: Llama, dtype: str, max_seq_len: int, keep_narrow_linears: 
     return entries
 
 
+DECODE_FUNCTIONS = ("decode", "decode_static")  # the entry points generate() runs for a decode step
+
+
+def greedy_decode(target, tensor_parallel: int) -> bool:
+    """Whether the decode entry points get a `_greedy` twin (compiler/greedy.py): on llvm-cpu, one
+    device. There a greedy step's logits row cost more host time than the choice in the module
+    (docs/targets.md "The greedy token in the module"); on GPU targets that has not been measured,
+    and a split module's logits are gathered from several devices."""
+    return target.caps.backend == "llvm-cpu" and tensor_parallel == 1
+
+
 def _export(name: str, wrapper, args: tuple, dynamic_shapes):
     """torch.export of one entry point; a failure is an ExportError naming the entry point."""
     try:
@@ -434,11 +445,14 @@ def compile_llm(model, opts: lower.CompileOptions):
     with phases.phase("export"):
         entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target), tensor_parallel=n,
                              prefill_buckets=buckets, static_decode=static, prefill_chunk=chunk, kv_dtype=kv_dtype)
+    greedy_steps = greedy_decode(target, n)
+    if greedy_steps:
+        entries = [dataclasses.replace(e, greedy=True) if e.function in DECODE_FUNCTIONS else e for e in entries]
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases,
                                  param_device=tensor_parallel_llama.device_of_param if n > 1 else None)
     llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem), tensor_parallel=n,
                        prefill_buckets=buckets, min_fill=MIN_FILL["cpu" if target.name == "cpu" else "gpu"], static_decode=static,
-                       prefill_chunk=chunk, kv_dtype=kv_dtype)
+                       prefill_chunk=chunk, kv_dtype=kv_dtype, greedy_steps=greedy_steps)
     if n > 1:
         llm["tensor_parallel"]["param_bytes_by_device"] = param_bytes_by_device(lowered.store, n)
     return lower.write_artifact(
@@ -459,7 +473,7 @@ def param_bytes_by_device(store, n: int) -> list[int]:
 
 def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: dict | None = None, tensor_parallel: int = 1,
                  prefill_buckets: tuple[int, ...] = (), min_fill: float = 0.0, static_decode: bool = False,
-                 prefill_chunk: int = 0, kv_dtype: str | None = None) -> dict:
+                 prefill_chunk: int = 0, kv_dtype: str | None = None, greedy_steps: bool = False) -> dict:
     """The manifest's `llm` section: what generate() and `llmc run` need besides the entry points.
     tokenizer: tokenizer_manifest's record, or None when the checkpoint had none. tensor_parallel: N > 1
     describes the split module: N cache shards a layer (cache_order), each on its device.
@@ -467,7 +481,9 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
     prompt must fill for generate() to pad it to that bucket. static_decode: the module has decode_static
     (LlamaDecodeStatic), which generate() then runs for every decode step. prefill_chunk: C > 0, the module has
     prefill_chunk (LlamaPrefillChunk), which generate() runs for all but the first P mod C tokens of a prompt
-    of P >= C tokens that no bucket takes. kv_dtype: the cache's dtype (a --dtype name; None: `dtype`)."""
+    of P >= C tokens that no bucket takes. kv_dtype: the cache's dtype (a --dtype name; None: `dtype`).
+    greedy_steps: each decode function has a `_greedy` twin (compiler/greedy.py), named in its record with
+    the output index of its greedy token, which generate() runs for greedy steps."""
     n = tensor_parallel
     n_cache = 2 * config.n_layers * n
     if n > 1:
@@ -508,6 +524,12 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
         out["prefill_chunk"] = {"function": "prefill_chunk", "tokens": prefill_chunk, "mask_arg": 1, "cache_args_start": 2}
     if static_decode:
         out["decode_static"] = {"function": "decode_static", "position_arg": 1, "cache_args_start": 2}
+    if greedy_steps:
+        n_outputs = 1 + n_cache  # the logits, then every cache
+        for key in DECODE_FUNCTIONS:
+            if key in out:
+                out[key]["greedy"] = {"function": greedy.greedy_name(out[key]["function"]), "token_output": n_outputs,
+                                      "token_int_output": n_outputs + 1}
     if tp is not None:
         out["tensor_parallel"] = tp
     return out

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from llmc import dtypes
-from llmc.compiler import artifacts, cpu_variants, export, importer, iree, pipeline, targets, ukernels
+from llmc.compiler import artifacts, cpu_variants, export, greedy, importer, iree, pipeline, targets, ukernels
 from llmc.compiler.artifacts import Artifact
 from llmc.compiler.progress import Phases
 from llmc.errors import UnsupportedTargetError, UsageError
@@ -133,6 +133,9 @@ class Entry:
     # the others are device 0's (importer.DevicePlan)
     arg_devices: dict[int, int] | None = None
     result_devices: dict[int, int] | None = None
+    # also emit greedy.greedy_name(function): this function plus its logits row's greedy value and
+    # index (compiler/greedy.py); needs logits_output
+    greedy: bool = False
 
 
 @dataclasses.dataclass
@@ -244,6 +247,11 @@ def lower_module(
     plan.ctx.params = store
     with phases.phase("ir passes"):
         pipeline.run_ir(plan, module, dump)
+        for e in entries:
+            if e.greedy:
+                name = greedy.greedy_name(e.function)
+                greedy.add_greedy(module, e.function, name, e.logits_output)
+                signatures[name] = greedy.signature(signatures[e.function], name)
         if target.module_target:
             _write_device_targets(module, target.module_target)
         mlir = str(module)

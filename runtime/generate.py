@@ -4,7 +4,9 @@ A module compiled from a Llama (compiler/llm.py) exports `prefill(tokens, *cache
 `decode(token, attention_mask, *cache)`; each returns `(logits, *cache')` with every cache result
 tied to its input buffer. The loop here allocates the cache once on the device, passes the device
 arrays IREE returns straight into the next call (they are the same buffers, updated in place), and
-copies only the [1, 1, vocab] logits to the host. Sampling is numpy on the host. A prompt goes to
+copies only the [1, 1, vocab] logits to the host. Sampling is numpy on the host. Greedy steps run the
+decode function's greedy twin where the module has one (cpu; compiler/greedy.py, GreedySteps below):
+the module chooses the token and the host reads that one integer. A prompt goes to
 a prefill bucket when one fits (`prefill_N`, padded), else in chunks when the module has
 `prefill_chunk` and the prompt is at least a chunk long (its first P mod C tokens through `prefill`),
 else to `prefill` whole (one token: a `decode` step).
@@ -75,7 +77,7 @@ class Generation:
     decode_seconds: float = 0.0
     text: str | None = None
     prefill_function: str | None = None  # the entry point that took the prompt (prefill, prefill_<bucket> or decode)
-    decode_function: str | None = None  # the entry point of the steps after it (decode or decode_static)
+    decode_function: str | None = None  # the entry point of the steps after it (decode, decode_static or a greedy twin)
 
     @property
     def decode_steps(self) -> int:
@@ -119,8 +121,96 @@ def choose_bucket(buckets: list[dict], n: int, min_fill: float) -> dict | None:
     return best if n >= min_fill * int(best["tokens"]) else None
 
 
+class GreedySteps:
+    """Greedy decode steps through a decode function's `_greedy` twin (compiler/greedy.py): the module
+    chooses each token (-1: its logit was not finite), and the host reads that one int64 instead of
+    the logits row.
+
+    On a CPU device (IREE's local drivers, one device) a step calls the VM function directly, with
+    nothing made on the host but the argument list: the token is the last step's token result,
+    passed back as it is; the attention mask is a view of the first `length` entries of one buffer
+    of ones made once; the cache's buffer views go in as they are (every cache result is tied to its
+    argument, so after the call they are the same buffers, updated). That skips iree.runtime's
+    FunctionInvoker, which converts each of the 2 + 2L arguments and 3 + 2L results every call.
+    Elsewhere a step goes through EntryPoint.call_raw and Module.host. Measured: docs/targets.md
+    "The greedy token in the module".
+
+    spec: the decode record's `greedy` entry (compiler/llm.py llm_manifest); static: the decode
+    function takes the position (decode_static) instead of the attention mask; cache: the device
+    arrays the prefill returned; max_len: the module's max-seq-len (the longest mask).
+    """
+
+    def __init__(self, module, spec: dict, static: bool, cache: list, max_len: int):
+        self.module = module
+        self.name = spec["function"]
+        self.token_output, self.token_int = int(spec["token_output"]), int(spec["token_int_output"])
+        self.static = static
+        loaded = module._ensure_loaded()
+        self.direct = self.calls_vm_directly(module, loaded)
+        self.cache = cache
+        if not self.direct:
+            self.call = module.entry_points[self.name].call_raw
+            return
+        import iree.runtime as rt
+
+        self.rt = rt
+        self.function = loaded.main.lookup_function(self.name)
+        if self.function is None:
+            raise RuntimeCallError(f"{module.vmfb.name}: the manifest names {self.name}, which the module does not export; recompile it")
+        self.context, self.device = loaded.context, loaded.config.device
+        self.refs = [c._buffer_view for c in cache]
+        self.n_results = 1 + len(cache) + 2
+        from llmc.runtime.device import caller_yields_to_workers
+
+        self.yields, self.waits = caller_yields_to_workers, module.device_driver == "local-task"
+        self.token = None  # the last step's token result ([1, 1] int64 on the device)
+        self.ones = None if static else self._upload(np.ones((1, max_len), dtype=np.int64)).get_buffer()
+
+    @staticmethod
+    def calls_vm_directly(module, loaded) -> bool:
+        """Whether steps call the VM function themselves: a CPU device (IREE's local drivers), one device."""
+        from llmc.runtime import weights as weights_mod
+
+        return module.device_driver in weights_mod.LOCAL_DRIVERS and len(loaded.devices) == 1
+
+    def _upload(self, a: np.ndarray):
+        rt = self.rt
+        return self.device.allocator.allocate_buffer_copy(
+            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=self.device,
+            buffer=a, element_type=rt.HalElementType.SINT_64)
+
+    def __call__(self, tok: int, length: int) -> int:
+        """Feed `tok` at position length - 1; the next token, or -1 where its logit was not finite."""
+        if not self.direct:
+            second = np.asarray([length - 1], dtype=np.int64) if self.static else np.ones((1, length), dtype=np.int64)
+            out = list(self.call([np.asarray([[tok]], dtype=np.int64), second, *self.cache]))
+            self.cache = out[1:1 + len(self.cache)]
+            return int(out[self.token_int])  # iree.runtime returns the VM integer as a Python int
+        rt = self.rt
+        args = rt.VmVariantList(2 + len(self.refs))
+        # the last step's result holds `tok` already: only the prefill's token comes from the host
+        args.push_ref(self.token if self.token is not None else self._upload(np.asarray([[tok]], dtype=np.int64)))
+        if self.static:
+            args.push_ref(self._upload(np.asarray([length - 1], dtype=np.int64)))
+        else:
+            args.push_ref(rt.HalBufferView(self.ones, (1, length), rt.HalElementType.SINT_64))
+        for r in self.refs:
+            args.push_ref(r)
+        results = rt.VmVariantList(self.n_results)
+        try:
+            with self.yields(self.waits):
+                self.context.invoke(self.function, args, results)
+        except Exception as e:
+            raise RuntimeCallError(f"{self.name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
+        self.token = results.get_as_ref(self.token_output)
+        return results.get_variant(self.token_int)
+
+
 class Generator:
     """The generation loop over one loaded llmc Module with an `llm` section in its manifest."""
+
+    # False: greedy steps read the logits row even where the module can choose the token (tests, A/B runs)
+    greedy_in_module = True
 
     def __init__(self, module):
         llm = module.manifest.get("llm")
@@ -275,17 +365,25 @@ class Generator:
             out = list(decode([np.asarray([prompt], dtype=np.int64), np.ones((1, 1), dtype=np.int64), *cache]))
         length = len(prompt)
         logits_dtype = self._logits_dtype(run.prefill_function)  # the first row is the prompt's, then the steps'
+        # Greedy steps after the first token: the module's choice when its decode function has a greedy
+        # twin (GreedySteps), the same token as the row's argmax below, NaN and infinities included.
+        greedy = (static if static is not None else self.llm["decode"]).get("greedy") if temperature <= 0 and self.greedy_in_module else None
+        steps = chosen = None
         while True:
-            logits, cache = out[0], out[1:]
-            row = self._row(logits, logits_dtype)
-            if temperature <= 0:
-                # Greedy: the first maximum, then its value checked. NaN wins numpy's argmax (its first
-                # NaN) and +inf is the maximum, so either is caught without a pass of its own over the
-                # vocabulary (0.05 ms a step for 32000 logits); only logits all -inf leave a -inf there.
-                tok = int(np.argmax(row))
-                finite = np.isfinite(row[tok])
+            if steps is not None:  # the module's choice: -1 where the chosen logit was not finite
+                tok = chosen
+                finite = tok >= 0
             else:
-                finite = np.isfinite(row).all()
+                logits, cache = out[0], out[1:]
+                row = self._row(logits, logits_dtype)
+                if temperature <= 0:
+                    # Greedy: the first maximum, then its value checked. NaN wins numpy's argmax (its first
+                    # NaN) and +inf is the maximum, so either is caught without a pass of its own over the
+                    # vocabulary (0.05 ms a step for 32000 logits); only logits all -inf leave a -inf there.
+                    tok = int(np.argmax(row))
+                    finite = np.isfinite(row[tok])
+                else:
+                    finite = np.isfinite(row).all()
             if not finite:
                 raise RuntimeCallError(f"{self.module.vmfb.name}: the module returned non-finite logits at position {length}")
             if temperature > 0:
@@ -300,9 +398,15 @@ class Generator:
                 on_token(tok)
                 in_callback += time.perf_counter() - now
             if len(tokens) >= max_new_tokens or tok in eos:
-                loaded.spare_cache = cache
+                loaded.spare_cache = steps.cache if steps is not None else cache
                 return tokens
             length += 1
             if len(tokens) == 1:
                 logits_dtype = self._logits_dtype(run.decode_function)
-            out = list(decode_step(tok, length, cache))
+                if greedy is not None:
+                    steps = GreedySteps(self.module, greedy, static is not None, list(cache), self.max_seq_len)
+                    run.decode_function = greedy["function"]
+            if steps is not None:
+                chosen = steps(tok, length)
+            else:
+                out = list(decode_step(tok, length, cache))

@@ -57,7 +57,13 @@ def test_cpu_defaults_add_no_buckets_and_no_static_decode(compiled):
     assert "decode_static" not in m["llm"] and "decode_static" not in m["entry_points"]
     # nor a prefill chunk: auto adds one on cpu only when the cache holds two (compiler/llm.py), 64 < 2 x 64
     assert "prefill_chunk" not in m["llm"]
-    assert sorted(m["entry_points"]) == ["decode", "prefill"]
+    # the decode step's greedy twin (compiler/greedy.py), which generate() runs for greedy steps on cpu
+    assert sorted(m["entry_points"]) == ["decode", "decode_greedy", "prefill"]
+    n = m["llm"]["cache"]["count"]
+    assert m["llm"]["decode"]["greedy"] == {"function": "decode_greedy", "token_output": 1 + n, "token_int_output": 2 + n}
+    children = m["entry_points"]["decode_greedy"]["outputs"]["children"]
+    assert children[:-2] == m["entry_points"]["decode"]["outputs"]["children"]
+    assert [c.get("role") for c in children[-2:]] == ["greedy_token", "greedy_token_int"]
 
 
 @pytest.mark.parametrize("fmt", ["meta", "hf"])
@@ -287,6 +293,8 @@ def test_logits_row_is_the_results_and_non_finite_logits_stop_generation(compile
     assert np.array_equal(row, plain)
 
     real = gen.Generator._row
+    # greedy decode steps read a row only on the logits path (the module's choice: the test after this one)
+    monkeypatch.setattr(gen.Generator, "greedy_in_module", False)
     for value in (np.nan, np.inf):
         for bad_call in (0, 2):  # the prompt's row, a decode step's
             calls = []
@@ -306,6 +314,62 @@ def test_logits_row_is_the_results_and_non_finite_logits_stop_generation(compile
                 assert len(calls) == bad_call + 1
     monkeypatch.setattr(gen.Generator, "_row", real)
     assert len(mod.generate(PROMPT, 5, stop_at_eos=False)) == 5
+
+
+@pytest.mark.parametrize("threads, direct", [(1, True), (2, True), (1, False)])
+def test_greedy_steps_in_the_module_equal_the_logits_path_and_update_the_cache_in_place(compiled, monkeypatch, threads, direct):
+    """generate()'s greedy steps through decode_greedy (runtime/generate.py GreedySteps: the VM function
+    called directly, the cache's buffers passed as they are, the token fed back on the device) give the
+    tokens the logits path gives, and leave the cache it leaves, bit for bit: the cache results are tied,
+    so the buffers passed in are the ones updated. Only the prefill goes through EntryPoint.call_raw.
+    1 thread runs local-sync, 2 local-task; direct=False takes the path a non-CPU device would (each step
+    through call_raw, the token read from the returned integer)."""
+    import numpy as np
+
+    import llmc
+    from llmc.runtime import generate as gen
+    from llmc.runtime import module as module_mod
+
+    mod = llmc.load(compiled["hf"], threads=threads)
+    monkeypatch.setattr(gen.GreedySteps, "calls_vm_directly", staticmethod(lambda module, loaded: direct))
+    calls = []
+    real_call = module_mod.EntryPoint.call_raw
+    monkeypatch.setattr(module_mod.EntryPoint, "call_raw", lambda self, arrays: calls.append(self.name) or real_call(self, arrays))
+    runs = {}
+    for in_module in (True, False):
+        monkeypatch.setattr(gen.Generator, "greedy_in_module", in_module)
+        calls.clear()
+        tokens = mod.generate(PROMPT, 40, stop_at_eos=False)
+        cache = [np.array(mod.host(c)) for c in mod._ensure_loaded().spare_cache]
+        runs[in_module] = (tokens, cache, mod.last_generation.decode_function, list(calls))
+    (t_mod, c_mod, f_mod, calls_mod), (t_host, c_host, f_host, calls_host) = runs[True], runs[False]
+    assert (f_mod, f_host) == ("decode_greedy", "decode")
+    assert calls_mod == ["prefill"] + ([] if direct else ["decode_greedy"] * 39) and calls_host == ["prefill"] + ["decode"] * 39
+    assert len(set(t_host)) > 3 and t_mod == t_host
+    assert len(c_mod) == len(c_host) and all(np.array_equal(a, b) for a, b in zip(c_mod, c_host))
+    # the steps wrote their rows: past the prompt the cache is not what the prefill left
+    assert np.abs(c_mod[0][:, :, len(PROMPT):len(PROMPT) + 39]).max() > 0
+
+
+def test_a_non_finite_greedy_choice_stops_generation(compiled, monkeypatch):
+    """decode_greedy returns -1 where the chosen logit is not finite (its numerics: tests/compiler/test_greedy.py);
+    generate() raises there as it does for a non-finite row."""
+    import llmc
+    from llmc.errors import RuntimeCallError
+    from llmc.runtime import generate as gen
+
+    mod = llmc.load(compiled["hf"])
+    real = gen.GreedySteps.__call__
+    steps = []
+
+    def poisoned(self, tok, length):
+        steps.append(length)
+        return -1 if len(steps) == 3 else real(self, tok, length)
+
+    monkeypatch.setattr(gen.GreedySteps, "__call__", poisoned)
+    with pytest.raises(RuntimeCallError, match=f"non-finite logits at position {len(PROMPT) + 3}"):
+        mod.generate(PROMPT, 8, stop_at_eos=False)
+    assert len(steps) == 3
 
 
 def test_cli_bad_lengths(checkpoints, compiled, tmp_path):
@@ -378,6 +442,8 @@ def test_info_names_dims_and_groups_the_cache(checkpoints, compiled):
     n_cache = 2 * config.n_layers
     assert "int64[1, seq:2.." in entries["prefill"] and f"{n_cache} x float32[1, " in entries["prefill"]
     assert "int64[1, kv_len:1.." in entries["decode"]
+    assert entries["decode_greedy"].split("(", 1)[1] == entries["decode"].split("(", 1)[1]  # the same arguments
+    assert any(l.startswith("greedy:   decode_greedy for greedy steps") for l in r.stdout.splitlines()), r.stdout
     assert any(l.startswith("cpu:") and "avx" in l for l in r.stdout.splitlines())  # the CPU features compiled for
     assert "decompose-attention (graph: rewrote" in r.stdout
     from llmc.compiler import targets, ukernels

@@ -42,7 +42,10 @@ def _prompt(n, vocab):
 def test_manifest_and_static_shapes(setup):
     _, config, _, mod = setup
     llm = mod.manifest["llm"]
-    assert llm["decode_static"] == {"function": "decode_static", "position_arg": 1, "cache_args_start": 2}
+    n = llm["cache"]["count"]
+    # on cpu with its greedy twin (compiler/greedy.py), which generate() runs for greedy steps
+    assert llm["decode_static"] == {"function": "decode_static", "position_arg": 1, "cache_args_start": 2,
+                                    "greedy": {"function": "decode_static_greedy", "token_output": 1 + n, "token_int_output": 2 + n}}
     shapes = [i["shape"] for i in mod.manifest["entry_points"]["decode_static"]["inputs"]]
     assert shapes[:2] == [[1, 1], [1]]  # static: no dynamic dimension
     assert all(s == llm["cache"]["shape"] for s in shapes[2:]) and len(shapes) == 2 + llm["cache"]["count"]
@@ -51,12 +54,18 @@ def test_manifest_and_static_shapes(setup):
 
 
 @pytest.mark.parametrize("n, prefill", [(13, "prefill_16"), (30, "prefill")])
-def test_generate_runs_the_static_step_and_matches_transformers(setup, n, prefill):
+@pytest.mark.parametrize("in_module", [True, False])
+def test_generate_runs_the_static_step_and_matches_transformers(setup, n, prefill, in_module, monkeypatch):
+    """Greedy steps through decode_static_greedy (the token chosen in the module, the position uploaded each
+    step) and through decode_static with the logits read: the same tokens as transformers."""
+    from llmc.runtime.generate import Generator
+
     _, config, hf, mod = setup
+    monkeypatch.setattr(Generator, "greedy_in_module", in_module)
     prompt = _prompt(n, config.vocab_size)
     got = mod.generate(prompt, 40, stop_at_eos=False)
     g = mod.last_generation
-    assert (g.prefill_function, g.decode_function) == (prefill, "decode_static")
+    assert (g.prefill_function, g.decode_function) == (prefill, "decode_static_greedy" if in_module else "decode_static")
     with torch.no_grad():
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
     want = want[0, n:].tolist()

@@ -1,0 +1,178 @@
+"""A decode step that also chooses its greedy token: `<decode>_greedy`, next to the decode entry point.
+
+Greedy generation needs one number from a step, the index of its largest logit, but a decode step's
+only result was the whole logits row. On cpu the host side of a step (reading the row back, widening
+it, numpy's argmax, and iree.runtime's conversion of every argument and result) took 0.39-0.45 ms of a
+small-125m bf16 step of ~8.5-9.7 ms, although the same reads take ~0.01 ms in a loop of their own: a step
+streams 200 MB of weights through the caches, so every host instruction after it runs cold
+(docs/targets.md "The greedy token in the module"). So the module chooses the token.
+
+`add_greedy(module, source, name)` clones the torch-dialect function `source` (after llmc's IR
+passes) as `name`, with two results more: the token as a [1, 1] si64 tensor (the shape of decode's
+token argument, so runtime/generate.py passes it back as the next step's input without a host copy)
+and the same token as an i64 scalar, which IREE returns as a VM integer (the host reads it without
+mapping a buffer). The cache results keep their ties (`iree.abi.tied`): the step updates the caller's
+cache in place exactly as `source` does. The choice is a private function (`_helper`) of two
+reductions IREE vectorizes, ~11 us for 32000 bf16 logits on Zen 4; a one-pass argmax (a select
+chain) stays scalar there and took 240 us.
+
+Matches: a function whose result `logits_result` is a [1, ..., 1, V] f32, bf16 or f16 tensor
+          (compiler/llm.py asks for decode and decode_static on llvm-cpu, one device).
+Produces: the token numpy's argmax gives over the row the caller would have read (the function's own
+          result, after bf16_outputs' rounding), or -1 where the value there is not finite:
+          - m = the maximum (arith.maximumf: NaN when any element is NaN);
+          - the least index whose element equals m, or is NaN when m is (arith.minsi);
+          - -1 unless -inf < m < +inf.
+Safe because: numpy's argmax returns the first maximum and the first NaN when there is one, which is
+          the least index equal to m in both cases; a row of -inf gives m = -inf and index 0, and
+          runtime/generate.py raised on a non-finite chosen value (NaN, +inf, every logit -inf) before,
+          so -1 stops it at the same rows. bf16 and f16 elements are widened to f32 exactly.
+"""
+
+from __future__ import annotations
+
+from llmc.errors import CompileError
+
+SUFFIX = "_greedy"
+INDEX_DTYPE = "int64"
+LOGITS_TYPES = ("f32", "bf16", "f16")
+_WIDENED = ("bf16", "f16")  # widened to f32 for the comparisons (exact)
+
+
+def greedy_name(function: str) -> str:
+    return function + SUFFIX
+
+
+def _helper(name: str, dims: list[int], elem: str) -> str:
+    """func.func private @name(tensor<dims x elem>) -> tensor<1x1xi64>: the index of the first maximum
+    of the row (the dims before the last are all 1), NaN first, or -1 when that value is not finite.
+
+    Two reductions IREE vectorizes (a select-chain argmax in one pass stays scalar: 240 us for 32000
+    bf16 logits on Zen 4): the maximum (`arith.maximumf`, which is NaN when any element is), then the
+    least index whose element equals it (`arith.minsi`; NaN matches NaN)."""
+    v = dims[-1]
+    t_in = f"tensor<{'x'.join(str(d) for d in dims)}x{elem}>"
+    outer = list(range(len(dims) - 1))
+    widen = [f"      %x = arith.extf %in : {elem} to f32"] if elem in _WIDENED else []
+    arg = "%in" if widen else "%x"  # the element as the body reads it: widened to f32 first, or f32 already
+    row_t = f"tensor<1x{v}x{elem}>"
+    lines = [f"func.func private @{name}(%arg0: {t_in}) -> tensor<1x1xi64> {{"]
+    if outer:
+        lines.append(f"  %row = tensor.collapse_shape %arg0 [[{', '.join(str(i) for i in outer)}], [{len(dims) - 1}]] : {t_in} into {row_t}")
+    else:
+        lines.append(f"  %row = tensor.expand_shape %arg0 [[0, 1]] output_shape [1, {v}] : {t_in} into {row_t}")
+    reduce_maps = "[affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0)>]"
+    lines += [
+        "  %ninf = arith.constant 0xFF800000 : f32",
+        "  %pinf = arith.constant 0x7F800000 : f32",
+        f"  %big = arith.constant {v} : i64",
+        "  %none = arith.constant -1 : i64",
+        "  %ev = tensor.empty() : tensor<1xf32>",
+        "  %ei = tensor.empty() : tensor<1xi64>",
+        "  %fv = linalg.fill ins(%ninf : f32) outs(%ev : tensor<1xf32>) -> tensor<1xf32>",
+        "  %fi = linalg.fill ins(%big : i64) outs(%ei : tensor<1xi64>) -> tensor<1xi64>",
+        f"  %max = linalg.generic {{indexing_maps = {reduce_maps}, iterator_types = [\"parallel\", \"reduction\"]}} "
+        f"ins(%row : {row_t}) outs(%fv : tensor<1xf32>) {{",
+        f"    ^bb0({arg}: {elem}, %m: f32):",
+        *widen,
+        "      %nm = arith.maximumf %x, %m : f32",
+        "      linalg.yield %nm : f32",
+        "  } -> tensor<1xf32>",
+        # the first index holding the maximum (NaN: the first NaN); V where none does, which cannot happen
+        "  %at = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0)>, "
+        f"affine_map<(d0, d1) -> (d0)>], iterator_types = [\"parallel\", \"reduction\"]}} "
+        f"ins(%row, %max : {row_t}, tensor<1xf32>) outs(%fi : tensor<1xi64>) {{",
+        f"    ^bb0({arg}: {elem}, %m: f32, %i: i64):",
+        *widen,
+        "      %k = linalg.index 1 : index",
+        "      %ki = arith.index_cast %k : index to i64",
+        "      %eq = arith.cmpf oeq, %x, %m : f32",
+        "      %xnan = arith.cmpf uno, %x, %x : f32",
+        "      %mnan = arith.cmpf uno, %m, %m : f32",
+        "      %bothnan = arith.andi %xnan, %mnan : i1",
+        "      %hit = arith.ori %eq, %bothnan : i1",
+        "      %cand = arith.select %hit, %ki, %big : i64",
+        "      %ni = arith.minsi %cand, %i : i64",
+        "      linalg.yield %ni : i64",
+        "  } -> tensor<1xi64>",
+        # the index as a [1, 1] token (decode's token argument), -1 unless -inf < maximum < +inf
+        "  %et = tensor.empty() : tensor<1x1xi64>",
+        "  %t = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0)>, affine_map<(d0, d1) -> (d0)>, "
+        "affine_map<(d0, d1) -> (d0, d1)>], iterator_types = [\"parallel\", \"parallel\"]} "
+        "ins(%max, %at : tensor<1xf32>, tensor<1xi64>) outs(%et : tensor<1x1xi64>) {",
+        "    ^bb0(%m: f32, %i: i64, %o: i64):",
+        "      %above = arith.cmpf ogt, %m, %ninf : f32",
+        "      %below = arith.cmpf olt, %m, %pinf : f32",
+        "      %finite = arith.andi %above, %below : i1",
+        "      %tok = arith.select %finite, %i, %none : i64",
+        "      linalg.yield %tok : i64",
+        "  } -> tensor<1x1xi64>",
+        "  return %t : tensor<1x1xi64>",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+def add_greedy(module, source: str, name: str, logits_result: int = 0) -> None:
+    """Append `name`: a copy of the function `source` of `module` (torch dialect, after the IR passes)
+    returning, after its own results, the greedy token of result `logits_result` (a [1, ..., 1, V]
+    tensor of f32, bf16 or f16) as a [1, 1] si64 tensor and as an integer. Raises CompileError when
+    there is no such function, `name` exists, or the logits are not such a tensor."""
+    from torch_mlir import ir
+
+    from llmc.passes._base import vtensor_dims
+
+    ctx = module.context
+    with ctx, ir.Location.unknown():
+        funcs = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in module.body.operations if op.operation.name == "func.func"}
+        if source not in funcs:
+            raise CompileError(f"greedy entry point {name}: no function {source} in the module")
+        if name in funcs:
+            raise CompileError(f"greedy entry point {name}: the module already has a function of that name")
+        src = funcs[source]
+        ftype = ir.FunctionType(ir.TypeAttr(src.attributes["function_type"]).value)
+        logits_type = ftype.results[logits_result]
+        parsed = vtensor_dims(str(logits_type))
+        if parsed is None or parsed[1] not in LOGITS_TYPES or "?" in parsed[0] or not parsed[0] or any(d != "1" for d in parsed[0][:-1]):
+            raise CompileError(f"greedy entry point {name}: {source}'s result {logits_result} is {logits_type}, "
+                               "not a [1, ..., 1, vocab] f32/bf16/f16 logits row")
+        dims, elem = [int(d) for d in parsed[0]], parsed[1]
+        helper = f"__llmc_greedy_{'x'.join(str(d) for d in dims)}_{elem}"
+        if helper not in funcs:
+            parsed_helper = ir.Module.parse(_helper(helper, dims, elem), ctx)  # kept until its function has moved
+            module.body.append(parsed_helper.body.operations[0])
+
+        fn = src.operation.clone(ir.InsertionPoint(module.body))
+        fn.attributes["sym_name"] = ir.StringAttr.get(name)
+        block = fn.regions[0].blocks[0]
+        ret = list(block.operations)[-1]
+        t_builtin = ir.Type.parse(f"tensor<{'x'.join(str(d) for d in dims)}x{elem}>")
+        t_index = ir.Type.parse("!torch.vtensor<[1,1],si64>")
+        with ir.InsertionPoint(ret):
+            row = ir.Operation.create("torch_c.to_builtin_tensor", results=[t_builtin], operands=[ret.operands[logits_result]]).result
+            call = ir.Operation.create("func.call", results=[ir.Type.parse("tensor<1x1xi64>")], operands=[row],
+                                       attributes={"callee": ir.FlatSymbolRefAttr.get(helper)}).result
+            index = ir.Operation.create("torch_c.from_builtin_tensor", results=[t_index], operands=[call]).result
+            t_int = ir.Type.parse("!torch.int")
+            item = ir.Operation.create("torch.aten.item", results=[t_int], operands=[index]).result
+            ir.Operation.create("func.return", operands=[*ret.operands, index, item])
+        ret.erase()
+        fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(list(ftype.inputs), [*ftype.results, t_index, t_int]))
+        if "res_attrs" in fn.attributes:
+            attrs = list(ir.ArrayAttr(fn.attributes["res_attrs"]))
+            fn.attributes["res_attrs"] = ir.ArrayAttr.get([*attrs, ir.DictAttr.get({}), ir.DictAttr.get({})])
+
+
+def signature(source_sig: dict, name: str) -> dict:
+    """The manifest signature of `name` (add_greedy's copy of a function whose signature is source_sig):
+    the same inputs, its outputs and then the greedy token."""
+    import copy
+
+    sig = copy.deepcopy(source_sig)
+    sig["function"] = name
+    out = sig["outputs"]
+    if out.get("type") != "tuple":
+        raise CompileError(f"greedy entry point {name}: {source_sig.get('function')} does not return a tuple")
+    out["children"] += [{"type": "tensor", "dtype": INDEX_DTYPE, "shape": [1, 1], "role": "greedy_token"},
+                        {"type": "scalar", "python": "int", "role": "greedy_token_int"}]
+    return sig
