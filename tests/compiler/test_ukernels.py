@@ -456,7 +456,11 @@ def _run_module(tmp_path, text: str, *inputs: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("hq, hk, c, d, length, static, cache", [
     (12, 4, 168, 64, 140, False, "f32"), (12, 4, 168, 64, 1, False, "f32"), (6, 2, 300, 16, 265, False, "f32"),
     (32, 8, 40, 128, 40, False, "f32"), (4, 4, 24, 8, 24, True, "f32"),
-    (12, 4, 168, 64, 140, False, "bf16"), (6, 2, 300, 16, 265, False, "bf16"), (4, 4, 24, 8, 24, True, "bf16")])
+    (12, 4, 168, 64, 140, False, "bf16"), (6, 2, 300, 16, 265, False, "bf16"), (4, 4, 24, 8, 24, True, "bf16"),
+    # the value loop's register groups (up to 3 query heads x 32 columns): 2 heads; 5 = 3 + 2 with D = 32;
+    # 8 = 3 + 3 + 2 with D = 96 (32-column groups) across a block boundary; D = 40 (a 32-column group and a tail)
+    (16, 8, 64, 64, 50, False, "bf16"), (10, 2, 40, 32, 33, False, "f32"), (8, 1, 300, 96, 290, False, "bf16"),
+    (6, 2, 24, 40, 20, False, "f32")])
 def test_compiled_attention_kernel_matches_torch(tmp_path, hq, hk, c, d, length, static, cache):
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, hq, 1, d, generator=g) * d**-0.5
