@@ -483,7 +483,8 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
     prefill_chunk (LlamaPrefillChunk), which generate() runs for all but the first P mod C tokens of a prompt
     of P >= C tokens that no bucket takes. kv_dtype: the cache's dtype (a --dtype name; None: `dtype`).
     greedy_steps: each decode function has a `_greedy` twin (compiler/greedy.py), named in its record with
-    the output index of its greedy token, which generate() runs for greedy steps."""
+    the output indices of its greedy token (the [1, 1] tensor, then the integer), which generate() runs for
+    greedy steps."""
     n = tensor_parallel
     n_cache = 2 * config.n_layers * n
     if n > 1:

@@ -133,8 +133,8 @@ class Entry:
     # the others are device 0's (importer.DevicePlan)
     arg_devices: dict[int, int] | None = None
     result_devices: dict[int, int] | None = None
-    # also emit greedy.greedy_name(function): this function plus its logits row's greedy value and
-    # index (compiler/greedy.py); needs logits_output
+    # also emit greedy.greedy_name(function): this function plus the greedy token of its logits row
+    # (compiler/greedy.py), added after the IR passes; needs logits_output
     greedy: bool = False
 
 

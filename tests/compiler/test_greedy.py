@@ -122,3 +122,27 @@ def test_signature_appends_the_token():
     assert got["outputs"]["children"][1:] == [{"type": "tensor", "dtype": "int64", "shape": [1, 1], "role": "greedy_token"},
                                               {"type": "scalar", "python": "int", "role": "greedy_token_int"}]
     assert lower.Entry.__dataclass_fields__["greedy"].default is False
+
+
+def test_twin_keeps_the_ties_and_holds_the_two_reductions():
+    """The twin's cache-like result stays tied to its argument (what lets generate() pass the cache buffers in
+    and read them back updated), its own two results are untied, and the choice is the maximumf / minsi pair
+    (a select chain instead stays a scalar loop in IREE: compiler/greedy.py)."""
+    import re
+
+    class Step(torch.nn.Module):
+        def forward(self, x, state):
+            return x * 2, state + 1
+
+    ep = torch.export.export(Step(), (torch.zeros(1, 1, V), torch.zeros(4)))
+    module, *_ = importer.import_programs([(export.Exported(ep, ""), "main")], tied_results={"main": {1: 1}})
+    greedy.add_greedy(module, "main", "main_greedy", 0)
+    text = str(module)
+    head = lambda name: re.search(rf"func\.func @{name}\((.*?)\) -> \((.*?)\) (attributes|\{{)", text).group(2)
+    plain, twin = head("main"), head("main_greedy")
+    assert "{iree.abi.tied = 1 : index}" in plain
+    assert twin.startswith(plain + ", ")  # the same results and ties, then the token twice
+    assert twin[len(plain):] == ", !torch.vtensor<[1,1],si64>, !torch.int"
+    body = text[text.index(f"func.func private @__llmc_greedy_1x1x{V}_f32"):]
+    body = body[:body.index("\n  }\n")]
+    assert "arith.maximumf" in body and "arith.minsi" in body and "arith.constant -1 : i64" in body
