@@ -35,6 +35,7 @@ from llmc.errors import CompileError
 
 SUFFIX = "_greedy"
 INDEX_DTYPE = "int64"
+TOKEN_ROLE, TOKEN_INT_ROLE = "greedy_token", "greedy_token_int"  # the twin's two results in its signature
 LOGITS_TYPES = ("f32", "bf16", "f16")
 _WIDENED = ("bf16", "f16")  # widened to f32 for the comparisons (exact)
 
@@ -50,8 +51,10 @@ def _helper(name: str, dims: list[int], elem: str) -> str:
     Two reductions IREE vectorizes (a select-chain argmax in one pass stays scalar: 240 us for 32000
     bf16 logits on Zen 4): the maximum (`arith.maximumf`, which is NaN when any element is), then the
     least index whose element equals it (`arith.minsi`; NaN matches NaN)."""
+    from llmc.passes._base import builtin_tensor
+
     v = dims[-1]
-    t_in = f"tensor<{'x'.join(str(d) for d in dims)}x{elem}>"
+    t_in = builtin_tensor([str(d) for d in dims], elem)
     outer = list(range(len(dims) - 1))
     widen = [f"      %x = arith.extf %in : {elem} to f32"] if elem in _WIDENED else []
     arg = "%in" if widen else "%x"  # the element as the body reads it: widened to f32 first, or f32 already
@@ -120,7 +123,7 @@ def add_greedy(module, source: str, name: str, logits_result: int = 0) -> None:
     there is no such function, `name` exists, or the logits are not such a tensor."""
     from torch_mlir import ir
 
-    from llmc.passes._base import vtensor_dims
+    from llmc.passes._base import builtin_tensor, vtensor_dims
 
     ctx = module.context
     with ctx, ir.Location.unknown():
@@ -146,7 +149,7 @@ def add_greedy(module, source: str, name: str, logits_result: int = 0) -> None:
         fn.attributes["sym_name"] = ir.StringAttr.get(name)
         block = fn.regions[0].blocks[0]
         ret = list(block.operations)[-1]
-        t_builtin = ir.Type.parse(f"tensor<{'x'.join(str(d) for d in dims)}x{elem}>")
+        t_builtin = ir.Type.parse(builtin_tensor(parsed[0], elem))
         t_index = ir.Type.parse("!torch.vtensor<[1,1],si64>")
         with ir.InsertionPoint(ret):
             row = ir.Operation.create("torch_c.to_builtin_tensor", results=[t_builtin], operands=[ret.operands[logits_result]]).result
@@ -173,6 +176,14 @@ def signature(source_sig: dict, name: str) -> dict:
     out = sig["outputs"]
     if out.get("type") != "tuple":
         raise CompileError(f"greedy entry point {name}: {source_sig.get('function')} does not return a tuple")
-    out["children"] += [{"type": "tensor", "dtype": INDEX_DTYPE, "shape": [1, 1], "role": "greedy_token"},
-                        {"type": "scalar", "python": "int", "role": "greedy_token_int"}]
+    out["children"] += [{"type": "tensor", "dtype": INDEX_DTYPE, "shape": [1, 1], "role": TOKEN_ROLE},
+                        {"type": "scalar", "python": "int", "role": TOKEN_INT_ROLE}]
     return sig
+
+
+def record(signatures: dict, source: str) -> dict:
+    """The manifest's `greedy` record of a decode function's twin (runtime/generate.py GreedySteps): its name and
+    the output indices of the token tensor and integer, read from the twin's signature (signature above)."""
+    name = greedy_name(source)
+    roles = [c.get("role") for c in signatures[name]["outputs"]["children"]]
+    return {"function": name, "token_output": roles.index(TOKEN_ROLE), "token_int_output": roles.index(TOKEN_INT_ROLE)}

@@ -445,14 +445,16 @@ def compile_llm(model, opts: lower.CompileOptions):
     with phases.phase("export"):
         entries = export_llm(llama, target.compute_dtype, max_seq_len, keep_narrow_linears=_kept_narrow(target), tensor_parallel=n,
                              prefill_buckets=buckets, static_decode=static, prefill_chunk=chunk, kv_dtype=kv_dtype)
-    greedy_steps = greedy_decode(target, n)
-    if greedy_steps:
+    if greedy_decode(target, n):
         entries = [dataclasses.replace(e, greedy=True) if e.function in DECODE_FUNCTIONS else e for e in entries]
     lowered = lower.lower_module(entries, target, dump_ir=opts.dump_ir, phases=phases,
                                  param_device=tensor_parallel_llama.device_of_param if n > 1 else None)
     llm = llm_manifest(config, target.compute_dtype, max_seq_len, tokenizer_manifest(tokenizer, out_vmfb.stem), tensor_parallel=n,
                        prefill_buckets=buckets, min_fill=MIN_FILL["cpu" if target.name == "cpu" else "gpu"], static_decode=static,
-                       prefill_chunk=chunk, kv_dtype=kv_dtype, greedy_steps=greedy_steps)
+                       prefill_chunk=chunk, kv_dtype=kv_dtype)
+    for key in DECODE_FUNCTIONS:  # each twin lower_module emitted: its name and result indices, from its signature
+        if key in llm and greedy.greedy_name(llm[key]["function"]) in lowered.signatures:
+            llm[key]["greedy"] = greedy.record(lowered.signatures, llm[key]["function"])
     if n > 1:
         llm["tensor_parallel"]["param_bytes_by_device"] = param_bytes_by_device(lowered.store, n)
     return lower.write_artifact(
@@ -473,7 +475,7 @@ def param_bytes_by_device(store, n: int) -> list[int]:
 
 def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: dict | None = None, tensor_parallel: int = 1,
                  prefill_buckets: tuple[int, ...] = (), min_fill: float = 0.0, static_decode: bool = False,
-                 prefill_chunk: int = 0, kv_dtype: str | None = None, greedy_steps: bool = False) -> dict:
+                 prefill_chunk: int = 0, kv_dtype: str | None = None) -> dict:
     """The manifest's `llm` section: what generate() and `llmc run` need besides the entry points.
     tokenizer: tokenizer_manifest's record, or None when the checkpoint had none. tensor_parallel: N > 1
     describes the split module: N cache shards a layer (cache_order), each on its device.
@@ -482,9 +484,7 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
     (LlamaDecodeStatic), which generate() then runs for every decode step. prefill_chunk: C > 0, the module has
     prefill_chunk (LlamaPrefillChunk), which generate() runs for all but the first P mod C tokens of a prompt
     of P >= C tokens that no bucket takes. kv_dtype: the cache's dtype (a --dtype name; None: `dtype`).
-    greedy_steps: each decode function has a `_greedy` twin (compiler/greedy.py), named in its record with
-    the output indices of its greedy token (the [1, 1] tensor, then the integer), which generate() runs for
-    greedy steps."""
+    (compile_llm adds each decode record's `greedy` entry where the module has the twin: greedy.record.)"""
     n = tensor_parallel
     n_cache = 2 * config.n_layers * n
     if n > 1:
@@ -525,12 +525,6 @@ def llm_manifest(config: LlamaConfig, dtype: str, max_seq_len: int, tokenizer: d
         out["prefill_chunk"] = {"function": "prefill_chunk", "tokens": prefill_chunk, "mask_arg": 1, "cache_args_start": 2}
     if static_decode:
         out["decode_static"] = {"function": "decode_static", "position_arg": 1, "cache_args_start": 2}
-    if greedy_steps:
-        n_outputs = 1 + n_cache  # the logits, then every cache
-        for key in DECODE_FUNCTIONS:
-            if key in out:
-                out[key]["greedy"] = {"function": greedy.greedy_name(out[key]["function"]), "token_output": n_outputs,
-                                      "token_int_output": n_outputs + 1}
     if tp is not None:
         out["tensor_parallel"] = tp
     return out

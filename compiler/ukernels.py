@@ -50,8 +50,7 @@ import tempfile
 from pathlib import Path
 
 from llmc.errors import CompileError
-from llmc.passes._packed import GEMM_GROUP_MULTIPLE, KERNEL_GROUPS
-from llmc.passes._packed import PAIR_LAYOUTS
+from llmc.passes._packed import GEMM_GROUP_MULTIPLE, KERNEL_GROUPS, PAIR_LAYOUTS
 
 SOURCE = Path(__file__).parent / "csrc" / "matvec_x86_64.c"
 # The ops the graph passes emit, as torch-mlir imports them (`torch.operator "torch.llmc.matvec_fp8"`).

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from llmc.errors import InputError, RuntimeCallError
+from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
 from llmc import dtypes
 
 
@@ -121,6 +121,13 @@ def choose_bucket(buckets: list[dict], n: int, min_fill: float) -> dict | None:
     return best if n >= min_fill * int(best["tokens"]) else None
 
 
+def step_inputs(tok: int, length: int, static: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A decode step's first two arguments, feeding `tok` at position length - 1: the token, then the position
+    (decode_static) or the attention mask over the `length` live rows (decode)."""
+    second = np.asarray([length - 1], dtype=np.int64) if static else np.ones((1, length), dtype=np.int64)
+    return np.asarray([[tok]], dtype=np.int64), second
+
+
 class GreedySteps:
     """Greedy decode steps through a decode function's `_greedy` twin (compiler/greedy.py): the module
     chooses each token (-1: its logit was not finite), and the host reads that one int64 instead of
@@ -135,7 +142,7 @@ class GreedySteps:
     Elsewhere a step goes through EntryPoint.call_raw and Module.host. Measured: docs/targets.md
     "The greedy token in the module".
 
-    spec: the decode record's `greedy` entry (compiler/llm.py llm_manifest); static: the decode
+    spec: the decode record's `greedy` entry (compiler/greedy.py record); static: the decode
     function takes the position (decode_static) instead of the attention mask; cache: the device
     arrays the prefill returned; max_len: the module's max-seq-len (the longest mask).
     """
@@ -156,10 +163,10 @@ class GreedySteps:
         self.rt = rt
         self.function = loaded.main.lookup_function(self.name)
         if self.function is None:
-            raise RuntimeCallError(f"{module.vmfb.name}: the manifest names {self.name}, which the module does not export; recompile it")
+            raise RuntimeLoadError(f"{module.vmfb.name}: the manifest names {self.name}, which the module does not export; recompile it")
         self.context, self.device = loaded.context, loaded.config.device
         self.refs = [c._buffer_view for c in cache]
-        self.n_results = 1 + len(cache) + 2
+        self.n_results = self.token_int + 1  # the integer is the last result
         from llmc.runtime.device import caller_yields_to_workers
 
         self.yields, self.waits = caller_yields_to_workers, module.device_driver == "local-task"
@@ -182,18 +189,18 @@ class GreedySteps:
     def __call__(self, tok: int, length: int) -> int:
         """Feed `tok` at position length - 1; the next token, or -1 where its logit was not finite."""
         if not self.direct:
-            second = np.asarray([length - 1], dtype=np.int64) if self.static else np.ones((1, length), dtype=np.int64)
-            out = list(self.call([np.asarray([[tok]], dtype=np.int64), second, *self.cache]))
+            out = list(self.call([*step_inputs(tok, length, self.static), *self.cache]))
             self.cache = out[1:1 + len(self.cache)]
             return int(out[self.token_int])  # iree.runtime returns the VM integer as a Python int
         rt = self.rt
         args = rt.VmVariantList(2 + len(self.refs))
-        # the last step's result holds `tok` already: only the prefill's token comes from the host
-        args.push_ref(self.token if self.token is not None else self._upload(np.asarray([[tok]], dtype=np.int64)))
-        if self.static:
-            args.push_ref(self._upload(np.asarray([length - 1], dtype=np.int64)))
-        else:
-            args.push_ref(rt.HalBufferView(self.ones, (1, length), rt.HalElementType.SINT_64))
+        # the last step's result holds `tok` already: only the prefill's token comes from the host, and the mask
+        # is a view of the ones (decode_static's position is uploaded every step)
+        first = self.token is None
+        if first or self.static:
+            token, second = step_inputs(tok, length, self.static)
+        args.push_ref(self._upload(token) if first else self.token)
+        args.push_ref(self._upload(second) if self.static else rt.HalBufferView(self.ones, (1, length), rt.HalElementType.SINT_64))
         for r in self.refs:
             args.push_ref(r)
         results = rt.VmVariantList(self.n_results)
@@ -321,14 +328,12 @@ class Generator:
             # every step the same shapes (LlamaDecodeStatic): the position as a tensor
             run.decode_function = static["function"]
             step = self.module.entry_points[static["function"]].call_raw
-
-            def decode_step(tok: int, length: int, cache):
-                return step([np.asarray([[tok]], dtype=np.int64), np.asarray([length - 1], dtype=np.int64), *cache])
         else:
             run.decode_function = self.llm["decode"]["function"]
+            step = decode
 
-            def decode_step(tok: int, length: int, cache):
-                return decode([np.asarray([[tok]], dtype=np.int64), np.ones((1, length), dtype=np.int64), *cache])
+        def decode_step(tok: int, length: int, cache):
+            return step([*step_inputs(tok, length, static is not None), *cache])
         devices = self.module.devices
         rng = np.random.default_rng(seed) if temperature > 0 else None
         eos = set(self.config.get("eos_ids") or ()) if stop_at_eos else set()

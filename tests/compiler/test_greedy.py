@@ -122,6 +122,10 @@ def test_signature_appends_the_token():
     assert got["outputs"]["children"][1:] == [{"type": "tensor", "dtype": "int64", "shape": [1, 1], "role": "greedy_token"},
                                               {"type": "scalar", "python": "int", "role": "greedy_token_int"}]
     assert lower.Entry.__dataclass_fields__["greedy"].default is False
+    with pytest.raises(CompileError, match="decode_greedy: decode does not return a tuple"):
+        greedy.signature({"function": "decode", "inputs": [], "outputs": {"type": "tensor"}}, "decode_greedy")
+    # the manifest's record reads the indices from those roles
+    assert greedy.record({"decode_greedy": got}, "decode") == {"function": "decode_greedy", "token_output": 1, "token_int_output": 2}
 
 
 def test_twin_keeps_the_ties_and_holds_the_two_reductions():

@@ -372,6 +372,44 @@ def test_a_non_finite_greedy_choice_stops_generation(compiled, monkeypatch):
     assert len(steps) == 3
 
 
+def test_a_manifest_naming_a_missing_twin_or_a_failing_step_is_one_clear_error(compiled, tmp_path, monkeypatch):
+    """A manifest whose greedy record names a function the .vmfb lacks (a hand-edited or mismatched pair) is a
+    load error: one line naming the module and what to do, exit 2, no traceback. An IREE failure inside a
+    direct step is RuntimeCallError naming the function (exit 3 through the CLI, as for call_raw's)."""
+    import os
+
+    import llmc
+    from llmc.errors import RuntimeCallError
+    from llmc.runtime import generate as gen
+
+    src = compiled["hf"].vmfb
+    for suffix in (".vmfb", ".irpa"):
+        os.link(src.with_suffix(suffix), tmp_path / f"m{suffix}")
+    manifest = json.loads(src.with_suffix(".json").read_text())
+    manifest["llm"]["decode"]["greedy"]["function"] = "decode_gone"
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    r = _llmc("run", tmp_path / "m.vmfb", "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "4", "--no-eos")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "m.vmfb: the manifest names decode_gone, which the module does not export; recompile it" in lines[0]
+
+    mod = llmc.load(compiled["hf"])
+    real_init = gen.GreedySteps.__init__
+
+    class Failing:
+        def invoke(self, *args):
+            raise RuntimeError("INTERNAL; a dispatch failed\nmore detail")
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        self.context = Failing()
+
+    monkeypatch.setattr(gen.GreedySteps, "__init__", init)
+    with pytest.raises(RuntimeCallError, match="^decode_greedy: IREE failed while running the module: INTERNAL; a dispatch failed$"):
+        mod.generate(PROMPT, 4, stop_at_eos=False)
+
+
 def test_cli_bad_lengths(checkpoints, compiled, tmp_path):
     root, _, _ = checkpoints
     r = llmc_in_process("compile", root / "hf", "--max-seq-len", "2", "-o", tmp_path / "m.vmfb")
