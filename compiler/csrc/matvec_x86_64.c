@@ -663,7 +663,7 @@ static inline __attribute__((always_inline)) void attn_values(float (*restrict a
     for (int u = 0; u < 4; u++) _mm256_store_ps(acc[j0 + j] + e0 + 8 * u, a[j][u]);
 }
 
-/* the same for the last d - e0 < 32 columns (d % 32 != 0), the outputs in memory */
+/* the same for the last d - e0 < 32 columns (d % 32 != 0) of heads j0 .. j0 + jn, the outputs in memory */
 static inline __attribute__((always_inline)) void attn_values_tail(float (*restrict acc)[ATTN_MAX_D], float (*restrict sc)[ATTN_BLOCK],
     const void *restrict v, size_t t0, size_t n, size_t d, size_t e0, size_t j0, size_t jn, int bf16) {
   for (size_t i = 0; i < n; i++)
@@ -740,20 +740,20 @@ static inline __attribute__((always_inline)) void attn_head(const float *restric
       }
       sum[j] = sum[j] * alpha + hsum8(s) + tail;
     }
-    /* outputs: 32 columns of up to 3 query heads held in registers over the block's rows */
-    for (size_t e0 = 0; e0 < d; e0 += 32) {
+    /* outputs: 32 columns of up to 3 query heads held in registers over the block's rows, then the last
+     * d % 32 columns of every head */
+    size_t d32 = d - d % 32;
+    for (size_t e0 = 0; e0 < d32; e0 += 32)
       for (size_t j0 = 0; j0 < g; j0 += 3) {
         size_t jn = g - j0 < 3 ? g - j0 : 3;
-        if (d - e0 < 32)
-          attn_values_tail(acc, sc, v, t0, n, d, e0, j0, jn, bf16);
-        else if (jn == 3)
+        if (jn == 3)
           attn_values(acc, sc, v, t0, n, d, e0, j0, 3, bf16);
         else if (jn == 2)
           attn_values(acc, sc, v, t0, n, d, e0, j0, 2, bf16);
         else
           attn_values(acc, sc, v, t0, n, d, e0, j0, 1, bf16);
       }
-    }
+    if (d32 < d) attn_values_tail(acc, sc, v, t0, n, d, d32, 0, g, bf16);
   }
   for (size_t j = 0; j < g; j++) {
     __m256 inv = _mm256_set1_ps(sum[j] > 0.0f ? 1.0f / sum[j] : 0.0f); /* every key masked: 0 */
