@@ -10,7 +10,8 @@ order it runs them (q, k, v, o, gate, up, down of each layer, then the LM head),
 workgroup split llmc compiles (ukernels.groups_per_workgroup; bf16's C function and stream threshold for
 --arch from ukernels.bf16_matvec; fp8dp: fp8 as a build for CPUs with AVX512_BF16 runs it, in the pair layout
 with x as two bf16 halves, made by the driver as the graph makes them), one thread, weights in 2 MB pages, denormals flushed as in IREE's workers.
-Each round reads each kind's bytes once plainly (four 256-bit loads per 128 bytes: the round's roofline) and
+Each round reads each kind's bytes once plainly (four 256-bit loads per 128 bytes into four f32 sums: the round's
+roofline, as fast as tools/bench.py's torch sum) and
 then runs its products; kinds alternate their order from round to round. Reports, per kind, the kernels'
 GB/s and their per-round ratio to the plain read (medians, with the range), and checks the first product
 against a double-precision sum of the same decoded weights.
