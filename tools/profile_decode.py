@@ -47,6 +47,9 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmc.errors import LlmcError
+from llmc.tools.bench import write_atomic
+
 PAGE = 4096
 
 
@@ -192,9 +195,10 @@ def in_windows(t: float, windows: list[tuple[float, float]]) -> bool:
     return i >= 0 and windows[i][0] <= t <= windows[i][1]
 
 
-def part_of(ip: int, dso: str, regions: list[tuple[int, int, Image]]) -> str:
-    """The part of the program a sampled address belongs to (the module docstring's list)."""
-    i = bisect.bisect_right([r[0] for r in regions], ip) - 1
+def part_of(ip: int, dso: str, regions: list[tuple[int, int, Image]], starts: list[int] | None = None) -> str:
+    """The part of the program a sampled address belongs to (the module docstring's list). starts: the
+    regions' start addresses, when the caller names many samples against the same regions."""
+    i = bisect.bisect_right(starts if starts is not None else [r[0] for r in regions], ip) - 1
     if i >= 0 and ip < regions[i][1]:
         start, _, img = regions[i]
         offset = ip - start + img.text[0] // PAGE * PAGE
@@ -217,9 +221,10 @@ def part_of(ip: int, dso: str, regions: list[tuple[int, int, Image]]) -> str:
 def attribute(samples, windows, regions) -> dict[str, int]:
     """Decode-window samples counted per part."""
     counts: dict[str, int] = {}
+    starts = [r[0] for r in regions]
     for t, ip, dso in samples:
         if in_windows(t, windows):
-            p = part_of(ip, dso, regions)
+            p = part_of(ip, dso, regions, starts)
             counts[p] = counts.get(p, 0) + 1
     return counts
 
@@ -301,15 +306,13 @@ def main(argv=None) -> int:
         if not args.vmfb.is_file():
             raise ProfileError(f"{args.vmfb}: no such module; give the .vmfb llmc compile wrote")
         result = profile(args)
-    except ProfileError as e:
+    except (ProfileError, LlmcError) as e:  # LlmcError: llmc.load's refusals (not a module, no .irpa, another CPU)
         print(f"profile_decode: {e}", file=sys.stderr)
         return 2
     print(report(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_name(args.json.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        tmp.replace(args.json)
+        write_atomic(args.json, json.dumps(result, indent=1).encode())
     return 0
 
 

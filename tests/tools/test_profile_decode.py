@@ -11,6 +11,7 @@ import subprocess
 import zipfile
 
 import pytest
+import torch
 from conftest import main_in_process
 
 import llmc
@@ -19,6 +20,7 @@ from llmc.models.llama.config import get_config
 from llmc.models.llama.model import init_random
 from llmc.tools import profile_decode as pd
 
+PAGE = pd.PAGE
 needs_kernels = pytest.mark.skipif(ukernels.c_compiler() is None and not os.environ.get("LLMC_REQUIRE_CPU_KERNELS"),
                                    reason="no C compiler: the module has no llmc kernels to name")
 
@@ -80,9 +82,8 @@ def test_placement_needs_one_distance_for_every_shared_symbol():
 
 
 def _image():
-    img = pd.Image("lib.so", (0x83E0, 0x14B90), [(0x14550, "iree_hal_executable_library_query"), (0x15110, "bf16_groups_512"),
+    return pd.Image("lib.so", (0x83E0, 0x14B90), [(0x14550, "iree_hal_executable_library_query"), (0x15110, "bf16_groups_512"),
                                                   (0x16B80, "llmc_matvec_fp8"), (0x18B60, "llmc_attn_decode_bf16")], 0x15110)
-    return img
 
 
 def test_regions_are_anonymous_executable_mappings_of_the_text_size():
@@ -96,9 +97,6 @@ def test_regions_are_anonymous_executable_mappings_of_the_text_size():
         f"7f3000000000-{0x7f3000000000 + size:x} rw-p 00000000 00:00 0 ",  # not executable
     ])
     assert [(s, img2.name) for s, _, img2 in pd.executable_regions(maps, [img])] == [(0x7f0000000000, "lib.so")]
-
-
-PAGE = pd.PAGE
 
 
 def test_parts_by_address_and_file():
@@ -144,6 +142,22 @@ def test_refusals_are_one_line_and_exit_2(tmp_path, monkeypatch):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "needs perf on PATH" in r.stderr
     r = main_in_process(pd.main, dummy, "--decode", "1")
     assert r.returncode == 2 and "--decode >= 2" in r.stderr
+
+
+def test_modules_it_cannot_profile_are_one_line_and_exit_2(module, tmp_path, monkeypatch):
+    """The refusals after perf is found (perf itself is not run: each is refused before the sampling)."""
+    monkeypatch.setattr(pd, "_perf", lambda: "perf")
+    dummy = tmp_path / "m.vmfb"
+    dummy.write_bytes(b"not a module")
+    r = main_in_process(pd.main, dummy)  # llmc.load's own refusal, as one line
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("profile_decode: "), r.stderr
+    r = main_in_process(pd.main, module.vmfb, "--prompt", "60", "--decode", "10")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "over the module's max-seq-len 64" in r.stderr
+    linear = llmc.compile(torch.nn.Linear(8, 4), (torch.randn(2, 8),), output=tmp_path / "lin.vmfb")
+    r = main_in_process(pd.main, linear.vmfb)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a language-model module" in r.stderr
+    with pytest.raises(pd.ProfileError, match="not a .vmfb IREE can load"):
+        pd.images(dummy, None)
 
 
 def _perf_samples_us() -> bool:
