@@ -4,6 +4,7 @@ decode order with llmc's workgroup split, and its sums are the products of the d
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -113,3 +114,43 @@ def test_no_c_compiler_is_one_line_and_exit_2(monkeypatch, capsys):
     monkeypatch.setattr(ukernels, "c_compiler", lambda: None)
     assert bench_matvec.main(["--config", "tiny"]) == 2
     assert capsys.readouterr().err.strip() == "bench_matvec: needs x86-64 and a C compiler (the kernels are x86-64 C)"
+
+
+def test_threads_time_each_round_three_ways_and_their_sums_match(tmp_path, capsys):
+    """--threads 2: every round has the plain read, the products with workgroups handed out one at a time and a
+    barrier after each product, and the same without barriers; the sums the threads leave (the last product,
+    after each way) match the decoded weights, and a channel no thread wrote would read NaN and fail."""
+    import math
+
+    from llmc.tools import bench_matvec
+
+    out = tmp_path / "r.json"
+    assert bench_matvec.main(["--config", "tiny", "--kinds", "fp8,bf16", "--rounds", "2", "--threads", "2",
+                              "--arch", "x86-64-v3", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["threads"] == 2
+    table = capsys.readouterr().out
+    assert "no barriers / read" in table
+    for kind in ("fp8", "bf16"):
+        r = report["kinds"][kind]
+        assert len(r["rounds"]) == 2 and all(s["stream_s"] > 0 and s["kernel_s"] > 0 for s in r["rounds"])
+        assert set(r["check_threads"]) == {"claim", "stream"}
+        for err in r["check_threads"].values():
+            assert not math.isnan(err) and 0 <= err < 1e-5, err
+        assert r["stream_ratio"] > 0
+
+
+def test_worst_check_lets_nan_win():
+    from llmc.tools import bench_matvec
+
+    assert bench_matvec.worst_check({"check": 1e-7, "check_threads": {"claim": 3e-7, "stream": 2e-7}}) == 3e-7
+    assert math.isnan(bench_matvec.worst_check({"check": 1e-7, "check_threads": {"claim": float("nan"), "stream": 2e-7}}))
+    assert bench_matvec.worst_check({"check": 4e-7}) == 4e-7
+
+
+def test_threads_out_of_range_is_refused(capsys):
+    from llmc.tools import bench_matvec
+
+    with pytest.raises(SystemExit) as e:
+        bench_matvec.parse(["--threads", "0"])
+    assert e.value.code == 2 and "--threads must be 1 to 64" in capsys.readouterr().err

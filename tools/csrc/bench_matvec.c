@@ -2,7 +2,7 @@
  * linked in as the object llmc itself builds) over model-shaped packed weights streamed from memory, against
  * a plain read of the same bytes, in one process. Not part of any module llmc builds.
  *
- *   bench_matvec ROUNDS SPEC [SPEC ...]
+ *   bench_matvec [-t THREADS] ROUNDS SPEC [SPEC ...]
  *   SPEC = KIND:FUNCTION:PAIR_MIN_K:G:GROUPSxKxPER[,GROUPSxKxPER ...]   (products in the order a step runs them)
  *
  * KIND is fp8, fp8dp (fp8 in the pair layout of passes/_packed.py pack_pairs, for CPUs with AVX512_BF16; G 64),
@@ -13,16 +13,30 @@
  * MXCSR flushes denormals as IREE's workers do. Each round times, per kind (kinds in alternating order from
  * round to round): a plain read of the kind's bytes (four 256-bit loads per 128 bytes into four f32 sums), then every product.
  *
+ * With THREADS > 1 (the calling thread and THREADS - 1 more, each pinned to its own CPU where the affinity mask
+ * allows), each thread reads a contiguous 1/THREADS of the bytes for the plain read, and the products run as
+ * IREE's local-task device runs a step's: each product's workgroups handed out one at a time from an atomic
+ * counter, and every thread waiting at a barrier after each product; but a spinning barrier, not IREE's sleeping
+ * hand-off, so what is left is the loops' own rate at THREADS threads and the cost of the product boundaries.
+ * A third timing, `stream`, runs every workgroup of every product with each thread taking a contiguous
+ * 1/THREADS of them and no barrier at all: the loops' rate at THREADS threads with no boundary costs.
+ *
  * Prints, one line each:
  *   huge BYTES          how much of the process's anonymous memory is in 2 MB pages, after the fill (the kernel
  *                       may give fewer than asked for: /sys/kernel/mm/transparent_hugepage)
  *   check KIND ERROR    the first product against a double-precision sum of the same decoded weights:
  *                       max over channels of |error| / sum |x w|
+ *   check_threads KIND MODE ERROR   (THREADS > 1) the same for the last product, as the threads leave it after
+ *                       one run of every product (MODE claim or stream); a channel no thread wrote reads NaN
  *   round R KIND READ_S KERNEL_S BYTES
+ *   stream R KIND STREAM_S     (THREADS > 1 only)
  */
 #define _GNU_SOURCE
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,11 +178,11 @@ static double value(const spec_t *s, const uint8_t *w, size_t index) {
   return ldexp(c & 0x80 ? -v : v, -120);
 }
 
-static double check(const spec_t *s, const float *x, const uint8_t *w, float *y) {
-  size_t nwg = (s->groups[0] + s->per[0] - 1) / s->per[0], k = s->k[0], g = s->group;
-  for (size_t wg = 0; wg < nwg; wg++) call(s, 0, x, w, y, wg);
+/* y against product `i` (weights at w) of double-precision sums: max over channels of |error| / sum |x w| */
+static double error_of(const spec_t *s, size_t i0, const float *x, const uint8_t *w, const float *y) {
+  size_t k = s->k[i0], g = s->group;
   double worst = 0;
-  for (size_t c = 0; c < s->groups[0] * g; c++) {
+  for (size_t c = 0; c < s->groups[i0] * g; c++) {
     double sum = 0, terms = 0;
     for (size_t i = 0; i < k; i++) {
       size_t j = c % g, at = s->loop == FP8DP /* the pair layout: passes/_packed.py pack_pairs */
@@ -178,9 +192,16 @@ static double check(const spec_t *s, const float *x, const uint8_t *w, float *y)
       sum += t;
       terms += fabs(t);
     }
-    if (terms > 0 && fabs(y[c] - sum) / terms > worst) worst = fabs(y[c] - sum) / terms;
+    double e = terms > 0 ? fabs(y[c] - sum) / terms : fabs(y[c] - sum);
+    if (!(e <= worst)) worst = e; /* NaN (a channel never written) sticks */
   }
   return worst;
+}
+
+static double check(const spec_t *s, const float *x, const uint8_t *w, float *y) {
+  size_t nwg = (s->groups[0] + s->per[0] - 1) / s->per[0];
+  for (size_t wg = 0; wg < nwg; wg++) call(s, 0, x, w, y, wg);
+  return error_of(s, 0, x, w, y);
 }
 
 static long long anon_huge_bytes(void) {
@@ -211,8 +232,109 @@ static double plain_read(const uint8_t *w, size_t bytes) {
   return t[0];
 }
 
+/* ---- THREADS > 1: persistent threads that run one job at a time, meeting at a spinning barrier ---- */
+
+static int nthreads = 1;
+static atomic_int barrier_count, barrier_sense;
+
+static void barrier(int *sense) { /* sense-reversing: every thread keeps its own sense */
+  *sense = !*sense;
+  if (atomic_fetch_add(&barrier_count, 1) == nthreads - 1) {
+    atomic_store(&barrier_count, 0);
+    atomic_store(&barrier_sense, *sense);
+  } else {
+    while (atomic_load(&barrier_sense) != *sense) _mm_pause();
+  }
+}
+
+enum job { JOB_READ, JOB_CLAIM, JOB_STREAM, JOB_QUIT };
+static struct {
+  enum job job;
+  const spec_t *spec;
+  const float *x;
+  const uint8_t *w;
+  float *y, *y_last; /* the last product writes y_last: `stream` runs products side by side, so they would
+                       * overwrite each other's y, and the threaded check reads the last product's */
+  size_t bytes;
+  atomic_size_t next[MAX_PRODUCTS]; /* JOB_CLAIM: each product's next workgroup */
+} work;
+static double read_sinks[64];
+
+static size_t workgroups(const spec_t *s, size_t i) { return (s->groups[i] + s->per[i] - 1) / s->per[i]; }
+
+static void run_job(int t, int *sense) {
+  const spec_t *s = work.spec;
+  if (work.job == JOB_READ) {
+    size_t lines = work.bytes / 128, a = lines * t / nthreads, b = lines * (t + 1) / nthreads;
+    read_sinks[t] += plain_read(work.w + 128 * a, 128 * (b - a));
+  } else if (work.job == JOB_CLAIM) {
+    const uint8_t *w = work.w;
+    for (size_t i = 0; i < s->count; i++) {
+      size_t nwg = workgroups(s, i), wg;
+      float *y = i + 1 == s->count ? work.y_last : work.y;
+      while ((wg = atomic_fetch_add(&work.next[i], 1)) < nwg) call(s, i, work.x, w, y, wg);
+      barrier(sense);
+      w += s->groups[i] * s->k[i] * s->group * s->elem;
+    }
+  } else if (work.job == JOB_STREAM) {
+    size_t total = 0, at = 0;
+    for (size_t i = 0; i < s->count; i++) total += workgroups(s, i);
+    size_t a = total * t / nthreads, b = total * (t + 1) / nthreads;
+    const uint8_t *w = work.w;
+    for (size_t i = 0; i < s->count; i++) {
+      for (size_t wg = 0; wg < workgroups(s, i); wg++, at++)
+        if (at >= a && at < b) call(s, i, work.x, w, i + 1 == s->count ? work.y_last : work.y, wg);
+      w += s->groups[i] * s->k[i] * s->group * s->elem;
+    }
+  }
+}
+
+static cpu_set_t allowed_cpus; /* the process's affinity mask at start, before any thread is pinned */
+
+static void pin(int t) {
+  int seen = 0;
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &allowed_cpus) && seen++ == t) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(c, &one);
+      pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+      return;
+    }
+}
+
+static void *worker(void *arg) {
+  int t = (int)(intptr_t)arg, sense = 0;
+  pin(t);
+  _mm_setcsr(_mm_getcsr() | 0x8040); /* FTZ | DAZ, as IREE's workers run */
+  for (;;) {
+    barrier(&sense); /* the job is set */
+    if (work.job == JOB_QUIT) return NULL;
+    run_job(t, &sense);
+    barrier(&sense); /* the job is done */
+  }
+}
+
+/* the calling thread's part of a job, with every worker: seconds from the start barrier to the end one */
+static double timed(enum job job, const spec_t *s, const float *x, const uint8_t *w, float *y, size_t bytes) {
+  static int sense = 0;
+  work.job = job, work.spec = s, work.x = x, work.w = w, work.y = y, work.bytes = bytes;
+  for (size_t i = 0; s && i < s->count; i++) atomic_store(&work.next[i], 0);
+  barrier(&sense);
+  if (job == JOB_QUIT) return 0; /* the workers leave after the start barrier */
+  double t0 = now();
+  run_job(0, &sense);
+  barrier(&sense);
+  return now() - t0;
+}
+
 int main(int argc, char **argv) {
-  if (argc < 3) die("usage: bench_matvec ROUNDS SPEC [SPEC ...]");
+  if (argc > 2 && !strcmp(argv[1], "-t")) {
+    nthreads = atoi(argv[2]);
+    argc -= 2, argv += 2;
+    if (nthreads < 1 || nthreads > 64) die("THREADS must be 1 to 64");
+  }
+  if (argc < 3) die("usage: bench_matvec [-t THREADS] ROUNDS SPEC [SPEC ...]");
   int rounds = atoi(argv[1]), kinds = argc - 2;
   if (rounds < 1 || kinds > MAX_KINDS) die("ROUNDS must be >= 1, at most 8 SPECs");
   static spec_t specs[MAX_KINDS];
@@ -233,7 +355,8 @@ int main(int argc, char **argv) {
     memcpy(w + i, &v, 8);
   }
   float *x = aligned_alloc(64, (kmax * 4 + 63) / 64 * 64), *y = aligned_alloc(64, 4u << 20);
-  if (!x || !y) die("out of memory");
+  work.y_last = aligned_alloc(64, 4u << 20);
+  if (!x || !y || !work.y_last) die("out of memory");
   for (size_t i = 0; i < kmax; i++) x[i] = (float)((int)(i * 2654435761u % 2001) - 1000) / 300.0f;
   printf("huge %lld\n", anon_huge_bytes());
   _mm_setcsr(_mm_getcsr() | 0x8040); /* FTZ | DAZ, as IREE's workers run */
@@ -241,11 +364,38 @@ int main(int argc, char **argv) {
     for (size_t j = 0; j < specs[i].count; j++)
       if (specs[i].groups[j] * specs[i].group > (1u << 20)) die("a product with over 2^20 channels");
     printf("check %s %.3e\n", specs[i].kind, check(&specs[i], x, w, y));
+    if (specs[i].loop == FP8DP) /* x's halves for every K now: the threads only read them */
+      for (size_t j = 0; j < specs[i].count; j++) x_halves(x, specs[i].k[j]);
+  }
+  pthread_t threads[64];
+  if (nthreads > 1) {
+    if (sched_getaffinity(0, sizeof allowed_cpus, &allowed_cpus)) CPU_ZERO(&allowed_cpus); /* then nothing is pinned */
+    pin(0);
+    for (int t = 1; t < nthreads; t++)
+      if (pthread_create(&threads[t], NULL, worker, (void *)(intptr_t)t)) die("cannot start a thread");
+  }
+  for (int i = 0; nthreads > 1 && i < kinds; i++) { /* the threads' sums: the last product, as each job leaves it */
+    const spec_t *s = &specs[i];
+    size_t before = 0;
+    for (size_t j = 0; j + 1 < s->count; j++) before += s->groups[j] * s->k[j] * s->group * s->elem;
+    for (enum job job = JOB_CLAIM; job <= JOB_STREAM; job++) {
+      memset(work.y_last, 0xFF, 4u << 20); /* NaN: a channel no thread wrote fails the check */
+      timed(job, s, x, w, y, 0);
+      printf("check_threads %s %s %.3e\n", s->kind, job == JOB_CLAIM ? "claim" : "stream",
+             error_of(s, s->count - 1, x, w + before, work.y_last));
+    }
   }
   volatile double sink = 0;
   for (int round = 0; round <= rounds; round++) { /* round 0 warms up */
     for (int j = 0; j < kinds; j++) {
       const spec_t *s = &specs[round & 1 ? kinds - 1 - j : j];
+      if (nthreads > 1) {
+        double read_s = timed(JOB_READ, NULL, x, w, y, s->bytes), kernel_s = timed(JOB_CLAIM, s, x, w, y, 0);
+        double stream_s = timed(JOB_STREAM, s, x, w, y, 0);
+        if (round) printf("round %d %s %.6f %.6f %zu\nstream %d %s %.6f\n", round, s->kind, read_s, kernel_s, s->bytes,
+                          round, s->kind, stream_s);
+        continue;
+      }
       double t0 = now();
       sink += plain_read(w, s->bytes);
       double t1 = now();
@@ -254,6 +404,11 @@ int main(int argc, char **argv) {
       if (round) printf("round %d %s %.6f %.6f %zu\n", round, s->kind, t1 - t0, t2 - t1, s->bytes);
     }
     fflush(stdout);
+  }
+  if (nthreads > 1) {
+    timed(JOB_QUIT, NULL, x, w, y, 0);
+    for (int t = 1; t < nthreads; t++) pthread_join(threads[t], NULL);
+    for (int t = 0; t < nthreads; t++) sink += read_sinks[t];
   }
   return 0;
 }
