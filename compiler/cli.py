@@ -362,8 +362,12 @@ def cmd_info(args) -> int:
                   "attention over the whole cache masked past it)")
         step = m["llm"].get("decode_static") or m["llm"]["decode"]
         if step.get("greedy"):
+            from llmc.runtime.generate import queueable_twin
+
+            how = ("each step queued behind the one before" if queueable_twin(step["greedy"])
+                   else "an older build's twin: generate reads the logits; recompile to run it")
             print(f"greedy:   {step['greedy']['function']} for greedy steps ({step['function']} that also chooses the token; "
-                  "the host reads the token, not the logits)")
+                  f"the host reads the token, not the logits; {how})")
         tp = m["llm"].get("tensor_parallel")
         if tp:
             per = tp.get("param_bytes_by_device") or []

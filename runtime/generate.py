@@ -6,7 +6,8 @@ tied to its input buffer. The loop here allocates the cache once on the device, 
 arrays IREE returns straight into the next call (they are the same buffers, updated in place), and
 copies only the [1, 1, vocab] logits to the host. Sampling is numpy on the host. Greedy steps run the
 decode function's greedy twin where the module has one (cpu; compiler/greedy.py, GreedySteps below):
-the module chooses the token and the host reads that one integer. A prompt goes to
+the module chooses the token, the host reads that one number, and on a CPU device each step is queued
+on the device behind the one before it, before that one's token is read. A prompt goes to
 a prefill bucket when one fits (`prefill_N`, padded), else in chunks when the module has
 `prefill_chunk` and the prompt is at least a chunk long (its first P mod C tokens through `prefill`),
 else to `prefill` whole (one token: a `decode` step).
@@ -18,6 +19,7 @@ decode (every later token), without the time spent in the caller's `on_token` ca
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 
@@ -128,50 +130,68 @@ def step_inputs(tok: int, length: int, static: bool) -> tuple[np.ndarray, np.nda
     return np.asarray([[tok]], dtype=np.int64), second
 
 
+def queueable_twin(record: dict | None) -> bool:
+    """Whether a decode record's `greedy` entry names a twin GreedySteps runs (compiler/greedy.py record): one
+    that returns its choice as a tensor and writes its token into a buffer of the caller's (next_token_input),
+    so a step can be queued behind it. Older builds' twins returned a VM integer instead."""
+    return bool(record) and {"function", "token_output", "chosen_output", "next_token_input"} <= set(record)
+
+
 class GreedySteps:
     """Greedy decode steps through a decode function's `_greedy` twin (compiler/greedy.py): the module
-    chooses each token (-1: its logit was not finite), and the host reads that one int64 instead of
+    chooses each token (-1: its logit was not finite), and the host reads that one number instead of
     the logits row.
 
-    On a CPU device (IREE's local drivers, one device) a step calls the VM function directly, with
-    nothing made on the host but the argument list: the token is the last step's token result,
-    passed back as it is; the attention mask is a view of the first `length` entries of one buffer
-    of ones made once; the cache's buffer views go in as they are (every cache result is tied to its
-    argument, so after the call they are the same buffers, updated). That skips iree.runtime's
-    FunctionInvoker, which converts each of the 2 + 2L arguments and 3 + 2L results every call.
-    Elsewhere a step goes through EntryPoint.call_raw and Module.host. Measured: docs/targets.md
-    "The greedy token in the module".
+    On a CPU device (IREE's local drivers, one device) a step calls the twin's coarse-fences form
+    (`<twin>$async`) directly, with nothing made on the host but the argument list: the token and
+    next_token are two buffers made once (the prompt's token, and one the first step writes its token
+    into), swapped after every step; the attention mask is a view of the first `length`
+    entries of one buffer of ones made once; the cache's buffer views go in as they are (every cache
+    result is tied to its argument, so the steps update the same buffers). Each step waits on the
+    device for the step before it (a fence on one semaphore) and signals the next value, so `next`
+    can queue step n + 1 before it waits for step n's choice: the host's side of step n + 1 (the call,
+    the command buffer's recording, the submission) runs while step n does, and when step n ends the
+    workers go on to step n + 1 without waiting for the host (docs/targets.md "Steps queued ahead").
+    A step queued ahead of a run's last token (an end-of-sequence token) is waited for and its choice
+    dropped (`drain`); it wrote a cache row past the run's last one, which nothing reads before
+    rewriting it (Generator.generate). Elsewhere a step goes through EntryPoint.call_raw and
+    Module.host, one at a time.
 
     spec: the decode record's `greedy` entry (compiler/greedy.py record); static: the decode
     function takes the position (decode_static) instead of the attention mask; cache: the device
     arrays the prefill returned; max_len: the module's max-seq-len (the longest mask).
     """
 
+    queue_ahead = True  # False: each step waited for before the next is queued (A/B runs)
+
     def __init__(self, module, spec: dict, static: bool, cache: list, max_len: int):
         self.module = module
         self.name = spec["function"]
-        self.token_output, self.token_int = int(spec["token_output"]), int(spec["token_int_output"])
+        self.token_output, self.chosen_output = int(spec["token_output"]), int(spec["chosen_output"])
         self.static = static
         loaded = module._ensure_loaded()
         self.direct = self.calls_vm_directly(module, loaded)
         self.cache = cache
+        self.queued = collections.deque()  # (length, the choice's buffer view, fence value) per step in flight, oldest first
         if not self.direct:
             self.call = module.entry_points[self.name].call_raw
             return
         import iree.runtime as rt
 
         self.rt = rt
-        self.function = loaded.main.lookup_function(self.name)
+        self.function = loaded.main.lookup_function(self.name + "$async")
         if self.function is None:
             raise RuntimeLoadError(f"{module.vmfb.name}: the manifest names {self.name}, which the module does not export; recompile it")
         self.context, self.device = loaded.context, loaded.config.device
         self.refs = [c._buffer_view for c in cache]
-        self.n_results = self.token_int + 1  # the integer is the last result
+        self.n_results = max(self.token_output, self.chosen_output) + 1
         from llmc.runtime.device import caller_yields_to_workers
 
         self.yields, self.waits = caller_yields_to_workers, module.device_driver == "local-task"
-        self.token = None  # the last step's token result ([1, 1] int64 on the device)
+        self.tokens = None  # two [1, 1] int64 device buffers: a step reads its token from one, writes the next into the other
         self.ones = None if static else self._upload(np.ones((1, max_len), dtype=np.int64)).get_buffer()
+        self.semaphore = self.device.create_semaphore(0)
+        self.timeline = 0  # the value the last queued step signals
 
     @staticmethod
     def calls_vm_directly(module, loaded) -> bool:
@@ -186,31 +206,68 @@ class GreedySteps:
             memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT, device=self.device,
             buffer=a, element_type=rt.HalElementType.SINT_64)
 
-    def __call__(self, tok: int, length: int) -> int:
-        """Feed `tok` at position length - 1; the next token, or -1 where its logit was not finite."""
+    def next(self, tok: int, length: int, ahead: bool = False) -> int:
+        """The choice of the step feeding `tok` at position length - 1 (-1 where its logit was not finite).
+        ahead: queue the step after it (position length) first, which feeds this step's token from the device;
+        the caller asks only when that step will be needed unless this token ends the run, and length < max_len."""
         if not self.direct:
-            out = list(self.call([*step_inputs(tok, length, self.static), *self.cache]))
+            out = list(self.call([*step_inputs(tok, length, self.static), *self.cache, np.zeros((1, 1), dtype=np.int64)]))
             self.cache = out[1:1 + len(self.cache)]
-            return int(out[self.token_int])  # iree.runtime returns the VM integer as a Python int
+            return int(np.asarray(self.module.host(out[self.chosen_output])).reshape(-1)[0])
+        if not self.queued:
+            self._queue(tok, length)
+        if ahead and self.queue_ahead:
+            self._queue(None, length + 1)
+        queued_length, chosen, value = self.queued.popleft()
+        if queued_length != length:
+            raise RuntimeCallError(f"{self.name}: the step at length {length} was asked for, {queued_length} is next")
+        self._wait(value)
+        return int(chosen.map().asarray((1, 1), np.dtype(np.int64))[0, 0])
+
+    def _queue(self, tok: int | None, length: int) -> None:
+        """Call the twin for the step at position length - 1, behind the last queued step: its token is `tok`
+        from the host for the first step, else the one the step before wrote into the token buffer."""
         rt = self.rt
-        args = rt.VmVariantList(2 + len(self.refs))
-        # the last step's result holds `tok` already: only the prefill's token comes from the host, and the mask
-        # is a view of the ones (decode_static's position is uploaded every step)
-        first = self.token is None
+        args = rt.VmVariantList(5 + len(self.refs))
+        first = self.tokens is None
         if first or self.static:
-            token, second = step_inputs(tok, length, self.static)
-        args.push_ref(self._upload(token) if first else self.token)
+            token, second = step_inputs(0 if tok is None else tok, length, self.static)
+        if first:  # the prompt's token, and the buffer the first step writes its token into
+            self.tokens = [self._upload(token), self._upload(np.zeros((1, 1), dtype=np.int64))]
+        args.push_ref(self.tokens[0])
         args.push_ref(self._upload(second) if self.static else rt.HalBufferView(self.ones, (1, length), rt.HalElementType.SINT_64))
         for r in self.refs:
             args.push_ref(r)
+        args.push_ref(self.tokens[1])  # next_token: this step's token lands here (compiler/greedy.py)
+        self.tokens.reverse()  # the next step reads it from there
+        args.push_ref(rt.HalFence.create_at(self.semaphore, self.timeline).ref)  # wait: the step before
+        args.push_ref(rt.HalFence.create_at(self.semaphore, self.timeline + 1).ref)  # signal: this one
         results = rt.VmVariantList(self.n_results)
         try:
-            with self.yields(self.waits):
-                self.context.invoke(self.function, args, results)
+            self.context.invoke(self.function, args, results)
         except Exception as e:
             raise RuntimeCallError(f"{self.name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
-        self.token = results.get_as_ref(self.token_output)
-        return results.get_variant(self.token_int)
+        self.timeline += 1
+        self.queued.append((length, results.get_as_ref(self.chosen_output).deref(rt.HalBufferView), self.timeline))
+
+    def _wait(self, value: int) -> None:
+        try:
+            with self.yields(self.waits):
+                self.rt.HalFence.create_at(self.semaphore, value).wait()
+        except Exception as e:
+            raise RuntimeCallError(f"{self.name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
+
+    def drain(self, quiet: bool = False) -> None:
+        """Wait for the steps still queued (one queued ahead of the run's last token) and drop their choices.
+        quiet: on the way out of an error, a failure here is not raised over it."""
+        if not self.queued:
+            return
+        self.queued.clear()
+        try:
+            self._wait(self.timeline)
+        except RuntimeCallError:
+            if not quiet:
+                raise
 
 
 class Generator:
@@ -374,44 +431,53 @@ class Generator:
         # twin (GreedySteps), the same token as the row's argmax below, NaN and infinities included.
         greedy = (static if static is not None else self.llm["decode"]).get("greedy") if temperature <= 0 and self.greedy_in_module else None
         steps = chosen = None
-        while True:
-            if steps is not None:  # the module's choice: -1 where the chosen logit was not finite
-                tok = chosen
-                finite = tok >= 0
-            else:
-                logits, cache = out[0], out[1:]
-                row = self._row(logits, logits_dtype)
-                if temperature <= 0:
-                    # Greedy: the first maximum, then its value checked. NaN wins numpy's argmax (its first
-                    # NaN) and +inf is the maximum, so either is caught without a pass of its own over the
-                    # vocabulary (0.05 ms a step for 32000 logits); only logits all -inf leave a -inf there.
-                    tok = int(np.argmax(row))
-                    finite = np.isfinite(row[tok])
+        if greedy is not None and not queueable_twin(greedy):
+            greedy = None  # an older twin (a VM integer result: no step can be queued behind it): the logits path
+        try:
+            while True:
+                if steps is not None:  # the module's choice: -1 where the chosen logit was not finite
+                    tok = chosen
+                    finite = tok >= 0
                 else:
-                    finite = np.isfinite(row).all()
-            if not finite:
-                raise RuntimeCallError(f"{self.module.vmfb.name}: the module returned non-finite logits at position {length}")
-            if temperature > 0:
-                tok = sample(row, rng, temperature, top_k, top_p)
-            tokens.append(tok)
-            now = time.perf_counter()
-            if len(tokens) == 1:
-                run.prefill_seconds, start = now - start, now
-            else:
-                run.decode_seconds = now - start - in_callback
-            if on_token is not None:
-                on_token(tok)
-                in_callback += time.perf_counter() - now
-            if len(tokens) >= max_new_tokens or tok in eos:
-                loaded.spare_cache = steps.cache if steps is not None else cache
-                return tokens
-            length += 1
-            if len(tokens) == 1:
-                logits_dtype = self._logits_dtype(run.decode_function)
-                if greedy is not None:
-                    steps = GreedySteps(self.module, greedy, static is not None, list(cache), self.max_seq_len)
-                    run.decode_function = greedy["function"]
-            if steps is not None:
-                chosen = steps(tok, length)
-            else:
-                out = list(decode_step(tok, length, cache))
+                    logits, cache = out[0], out[1:]
+                    row = self._row(logits, logits_dtype)
+                    if temperature <= 0:
+                        # Greedy: the first maximum, then its value checked. NaN wins numpy's argmax (its first
+                        # NaN) and +inf is the maximum, so either is caught without a pass of its own over the
+                        # vocabulary (0.05 ms a step for 32000 logits); only logits all -inf leave a -inf there.
+                        tok = int(np.argmax(row))
+                        finite = np.isfinite(row[tok])
+                    else:
+                        finite = np.isfinite(row).all()
+                if not finite:
+                    raise RuntimeCallError(f"{self.module.vmfb.name}: the module returned non-finite logits at position {length}")
+                if temperature > 0:
+                    tok = sample(row, rng, temperature, top_k, top_p)
+                tokens.append(tok)
+                now = time.perf_counter()
+                if len(tokens) == 1:
+                    run.prefill_seconds, start = now - start, now
+                else:
+                    run.decode_seconds = now - start - in_callback
+                if on_token is not None:
+                    on_token(tok)
+                    in_callback += time.perf_counter() - now
+                if len(tokens) >= max_new_tokens or tok in eos:
+                    if steps is not None:
+                        steps.drain()  # the step queued ahead of an end-of-sequence token writes the cache
+                    loaded.spare_cache = steps.cache if steps is not None else cache
+                    return tokens
+                length += 1
+                if len(tokens) == 1:
+                    logits_dtype = self._logits_dtype(run.decode_function)
+                    if greedy is not None:
+                        steps = GreedySteps(self.module, greedy, static is not None, list(cache), self.max_seq_len)
+                        run.decode_function = greedy["function"]
+                if steps is not None:
+                    # queue the step after this one first, unless this one gives the run's last token
+                    chosen = steps.next(tok, length, ahead=len(tokens) + 1 < max_new_tokens and length < self.max_seq_len)
+                else:
+                    out = list(decode_step(tok, length, cache))
+        finally:
+            if steps is not None:  # a step queued ahead, when an error ends the run
+                steps.drain(quiet=True)

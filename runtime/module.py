@@ -89,6 +89,23 @@ def missing_cpu_features(required: list[str], have: set[str] | None) -> list[str
     return [f for f in required if f in _CHECKED_FEATURES and _CPUINFO_NAME.get(f, f) not in have]
 
 
+def queues_steps_ahead(manifest: dict) -> bool:
+    """Whether generate()'s greedy steps on this module can be queued one ahead (runtime/generate.py
+    GreedySteps): its decode step has a greedy twin that writes its token into a buffer of the caller's
+    (compiler/greedy.py; the record names next_token_input)."""
+    from llmc.runtime.generate import queueable_twin
+
+    llm = manifest.get("llm") or {}
+    return queueable_twin((llm.get("decode_static") or llm.get("decode") or {}).get("greedy"))
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _find_companions(vmfb: Path) -> tuple[Path, Path | None]:
     manifest = vmfb.with_suffix(".json")
     irpa = vmfb.with_suffix(".irpa")
@@ -273,11 +290,18 @@ class Module:
         ratios (docs/targets.md, "One thread: local-sync"). A module
         split over several devices (--tensor-parallel) keeps local-task: local-sync devices would
         all run on the one calling thread, one after another.
+
+        Except a language model whose greedy steps can be queued ahead (runtime/generate.py GreedySteps),
+        where this process may use two CPUs or more: local-sync runs a call inside the invoke, so nothing
+        could be queued behind it, while on local-task the calling thread records and submits step n + 1 on
+        another CPU while the one worker runs step n (small-125m bf16 greedy decode 1.047x local-sync's,
+        docs/targets.md "Steps queued ahead"). Sampled steps (temperature > 0) on such a module lose
+        local-sync's edge.
         """
         name = self.manifest.get("runtime_device", "local-task")
         target = self.manifest.get("target", {})
         if self.threads == 1 and name == "local-task" and int(target.get("devices", 1)) == 1:
-            return "local-sync"
+            return "local-task" if queues_steps_ahead(self.manifest) and _usable_cpus() >= 2 else "local-sync"
         return name
 
     @property

@@ -1,5 +1,6 @@
 """compiler/greedy.py: a function's `_greedy` twin, compiled for cpu and run, chooses the token numpy's argmax
-chooses over the row the function returns (first maximum, first NaN, -1 for a non-finite choice), for f32,
+chooses over the row the function returns (first maximum, first NaN), as the token fed back and as the choice
+(-1 for a non-finite one), for f32,
 bf16 and f16 rows, and returns the function's own results unchanged. Rows are crafted: ties that exist only
 after the cast to bf16/f16 (the caller reads the rounded row), NaN and infinities at the first, a middle and
 the last position. The LLM side (manifest, generate(), the cache updated in place) is in
@@ -82,11 +83,12 @@ def test_greedy_twin_is_numpys_argmax_of_the_returned_row(tmp_path, dtype):
         twin = main_greedy(x3)
         assert len(twin) == len(plain) + 2
         row = _widened(plain[0]).reshape(-1)
-        want = int(np.argmax(row))
-        want = want if np.isfinite(row[want]) else -1
-        token, token_int = np.asarray(twin[-2].to_host()), twin[-1]
-        assert token.shape == (1, 1) and token.dtype == np.int64
-        assert int(token[0, 0]) == want and token_int == want, f"row {i}: got {token[0, 0]} / {token_int}, numpy {want}"
+        index = int(np.argmax(row))
+        want = index if np.isfinite(row[index]) else -1
+        token, chosen = np.asarray(twin[-2].to_host()), np.asarray(twin[-1].to_host())
+        assert token.shape == chosen.shape == (1, 1) and token.dtype == chosen.dtype == np.int64
+        # the token fed back is numpy's index even where the choice is -1 (a valid row of the embedding table)
+        assert int(token[0, 0]) == index and int(chosen[0, 0]) == want, f"row {i}: got {token[0, 0]} / {chosen[0, 0]}, numpy {index} / {want}"
         for a, b in zip(plain, twin[:len(plain)]):  # the function's own results, unchanged
             assert np.array_equal(_widened(a), _widened(b), equal_nan=True)
         if dtype != torch.float32 and i == 2:
@@ -120,12 +122,12 @@ def test_signature_appends_the_token():
     got = greedy.signature(sig, "decode_greedy")
     assert got["function"] == "decode_greedy" and sig["function"] == "decode"  # a copy
     assert got["outputs"]["children"][1:] == [{"type": "tensor", "dtype": "int64", "shape": [1, 1], "role": "greedy_token"},
-                                              {"type": "scalar", "python": "int", "role": "greedy_token_int"}]
+                                              {"type": "tensor", "dtype": "int64", "shape": [1, 1], "role": "greedy_chosen"}]
     assert lower.Entry.__dataclass_fields__["greedy"].default is False
     with pytest.raises(CompileError, match="decode_greedy: decode does not return a tuple"):
         greedy.signature({"function": "decode", "inputs": [], "outputs": {"type": "tensor"}}, "decode_greedy")
     # the manifest's record reads the indices from those roles
-    assert greedy.record({"decode_greedy": got}, "decode") == {"function": "decode_greedy", "token_output": 1, "token_int_output": 2}
+    assert greedy.record({"decode_greedy": got}, "decode") == {"function": "decode_greedy", "token_output": 1, "chosen_output": 2}
 
 
 def test_twin_keeps_the_ties_and_holds_the_two_reductions():
@@ -145,8 +147,9 @@ def test_twin_keeps_the_ties_and_holds_the_two_reductions():
     head = lambda name: re.search(rf"func\.func @{name}\((.*?)\) -> \((.*?)\) (attributes|\{{)", text).group(2)
     plain, twin = head("main"), head("main_greedy")
     assert "{iree.abi.tied = 1 : index}" in plain
-    assert twin.startswith(plain + ", ")  # the same results and ties, then the token twice
-    assert twin[len(plain):] == ", !torch.vtensor<[1,1],si64>, !torch.int"
+    assert twin.startswith(plain + ", ")  # the same results and ties, then the token and the choice
+    # tensors only: a VM integer result would make IREE's `$async` form wait for the step inside the call
+    assert twin[len(plain):] == ", !torch.vtensor<[1,1],si64>, !torch.vtensor<[1,1],si64>"
     body = text[text.index(f"func.func private @__llmc_greedy_1x1x{V}_f32"):]
     body = body[:body.index("\n  }\n")]
     assert "arith.maximumf" in body and "arith.minsi" in body and "arith.constant -1 : i64" in body

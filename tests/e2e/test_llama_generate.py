@@ -60,10 +60,15 @@ def test_cpu_defaults_add_no_buckets_and_no_static_decode(compiled):
     # the decode step's greedy twin (compiler/greedy.py), which generate() runs for greedy steps on cpu
     assert sorted(m["entry_points"]) == ["decode", "decode_greedy", "prefill"]
     n = m["llm"]["cache"]["count"]
-    assert m["llm"]["decode"]["greedy"] == {"function": "decode_greedy", "token_output": 1 + n, "token_int_output": 2 + n}
+    assert m["llm"]["decode"]["greedy"] == {"function": "decode_greedy", "token_output": 1 + n, "chosen_output": 2 + n,
+                                               "next_token_input": 2 + n}
+    # the twin's inputs: decode's, then the buffer its token is written into (compiler/greedy.py)
+    inputs = m["entry_points"]["decode_greedy"]["inputs"]
+    assert inputs[:-1] == m["entry_points"]["decode"]["inputs"]
+    assert inputs[-1] == {"path": f"[0][{2 + n}]", "name": "next_token", "kind": "tensor", "dtype": "int64", "shape": [1, 1]}
     children = m["entry_points"]["decode_greedy"]["outputs"]["children"]
     assert children[:-2] == m["entry_points"]["decode"]["outputs"]["children"]
-    assert [c.get("role") for c in children[-2:]] == ["greedy_token", "greedy_token_int"]
+    assert [c.get("role") for c in children[-2:]] == ["greedy_token", "greedy_chosen"]
 
 
 @pytest.mark.parametrize("fmt", ["meta", "hf"])
@@ -351,6 +356,82 @@ def test_greedy_steps_in_the_module_equal_the_logits_path_and_update_the_cache_i
     assert np.abs(c_mod[0][:, :, len(PROMPT):len(PROMPT) + 39]).max() > 0
 
 
+def test_greedy_steps_are_queued_one_ahead_and_an_eos_run_drains_its_extra_step(compiled, monkeypatch):
+    """On a CPU device, GreedySteps queues step n + 1 (its token read on the device from the buffer step n
+    writes) before it waits for step n's choice, never more than two in flight, and none past the run's last
+    token or the cache's end. A run ended by an end-of-sequence token waits for the step queued ahead of it:
+    the tokens equal the logits path's, the cache rows of the produced tokens too, and the next run on that
+    cache (which holds one row more, written past the run's end) gives the logits path's tokens again."""
+    import numpy as np
+
+    import llmc
+    from llmc.runtime import generate as gen
+
+    mod = llmc.load(compiled["hf"], threads=2)
+    events = []
+    real_queue, real_wait = gen.GreedySteps._queue, gen.GreedySteps._wait
+    monkeypatch.setattr(gen.GreedySteps, "_queue", lambda self, tok, length: (real_queue(self, tok, length),
+                                                                               events.append(("queue", length, len(self.queued)))))
+    monkeypatch.setattr(gen.GreedySteps, "_wait", lambda self, value: (events.append(("wait", value)), real_wait(self, value)))
+    n_new = 12
+    tokens = mod.generate(PROMPT, n_new, stop_at_eos=False)
+    queued = [e[1] for e in events if e[0] == "queue"]
+    first = len(PROMPT) + 1  # the first step feeds the prefill's token at position len(PROMPT)
+    assert queued == list(range(first, first + n_new - 1))  # one step per token after the first, none past the run
+    assert max(e[2] for e in events if e[0] == "queue") == 2  # the step waited for next, and one behind it
+    order = [(e[0], e[1]) for e in events]
+    for k in range(1, n_new - 1):  # step k's wait comes after step k + 1 was queued
+        assert order.index(("queue", first + k)) < order.index(("wait", k)), order
+    # a run that fills the cache: its last token is never fed back, so no step is queued past the one that
+    # feeds the token before it
+    events.clear()
+    assert len(mod.generate(PROMPT, MAX_SEQ - len(PROMPT), stop_at_eos=False)) == MAX_SEQ - len(PROMPT)
+    assert max(e[1] for e in events if e[0] == "queue") == MAX_SEQ - 1
+
+    # an end-of-sequence token in the middle: the step queued behind it is drained, its choice dropped
+    eos = tokens[5]
+    stop = tokens.index(eos) + 1
+    monkeypatch.setitem(mod.manifest["llm"]["config"], "eos_ids", [eos])
+    in_flight = []  # steps still queued each time a run drains
+    real_drain = gen.GreedySteps.drain
+    monkeypatch.setattr(gen.GreedySteps, "drain", lambda self, quiet=False: (in_flight.append(len(self.queued)), real_drain(self, quiet)))
+    runs = {}
+    for in_module in (True, False):
+        monkeypatch.setattr(gen.Generator, "greedy_in_module", in_module)
+        got = mod.generate(PROMPT, n_new)
+        cache = [np.array(mod.host(c)) for c in mod._ensure_loaded().spare_cache]
+        again = mod.generate(PROMPT[:3], 6)  # a run on the cache that one left behind
+        runs[in_module] = (got, cache, again)
+    assert in_flight[:2] == [1, 0]  # the EOS run returned with one step queued behind its last token, drained
+    assert runs[True][0] == runs[False][0] == tokens[:stop]
+    rows = len(PROMPT) + stop - 1  # the rows the steps of those tokens wrote
+    assert all(np.array_equal(a[:, :, :rows], b[:, :, :rows]) for a, b in zip(runs[True][1], runs[False][1]))
+    assert runs[True][2] == runs[False][2]
+
+
+def test_one_thread_greedy_modules_run_on_local_task_where_a_second_cpu_is(compiled, monkeypatch):
+    """threads=1 keeps local-sync (runtime/module.py) except for a module whose greedy steps can be queued
+    ahead, which runs on one local-task worker while the calling thread queues the next step, when the
+    process may use two CPUs; with one it keeps local-sync, as it does for a twin of an older build."""
+    import json as json_mod
+
+    import llmc
+    from llmc.runtime import module as module_mod
+
+    art = compiled["hf"]
+    monkeypatch.setattr(module_mod, "_usable_cpus", lambda: 2)
+    assert llmc.load(art, threads=1).device_name == "local-task"
+    monkeypatch.setattr(module_mod, "_usable_cpus", lambda: 1)
+    assert llmc.load(art, threads=1).device_name == "local-sync"
+    monkeypatch.setattr(module_mod, "_usable_cpus", lambda: 2)
+    manifest = json_mod.loads(art.vmfb.with_suffix(".json").read_text())
+    older = dict(manifest["llm"]["decode"]["greedy"])
+    del older["next_token_input"], older["chosen_output"]
+    older["token_int_output"] = 2 + manifest["llm"]["cache"]["count"]
+    assert not module_mod.queues_steps_ahead({"llm": {"decode": {"greedy": older}}})
+    assert module_mod.queues_steps_ahead(manifest)
+
+
 def test_a_non_finite_greedy_choice_stops_generation(compiled, monkeypatch):
     """decode_greedy returns -1 where the chosen logit is not finite (its numerics: tests/compiler/test_greedy.py);
     generate() raises there as it does for a non-finite row."""
@@ -359,14 +440,15 @@ def test_a_non_finite_greedy_choice_stops_generation(compiled, monkeypatch):
     from llmc.runtime import generate as gen
 
     mod = llmc.load(compiled["hf"])
-    real = gen.GreedySteps.__call__
+    real = gen.GreedySteps.next
     steps = []
 
-    def poisoned(self, tok, length):
+    def poisoned(self, tok, length, ahead=False):
         steps.append(length)
-        return -1 if len(steps) == 3 else real(self, tok, length)
+        got = real(self, tok, length, ahead)
+        return -1 if len(steps) == 3 else got
 
-    monkeypatch.setattr(gen.GreedySteps, "__call__", poisoned)
+    monkeypatch.setattr(gen.GreedySteps, "next", poisoned)
     with pytest.raises(RuntimeCallError, match=f"non-finite logits at position {len(PROMPT) + 3}"):
         mod.generate(PROMPT, 8, stop_at_eos=False)
     assert len(steps) == 3
@@ -480,7 +562,8 @@ def test_info_names_dims_and_groups_the_cache(checkpoints, compiled):
     n_cache = 2 * config.n_layers
     assert "int64[1, seq:2.." in entries["prefill"] and f"{n_cache} x float32[1, " in entries["prefill"]
     assert "int64[1, kv_len:1.." in entries["decode"]
-    assert entries["decode_greedy"].split("(", 1)[1] == entries["decode"].split("(", 1)[1]  # the same arguments
+    # the same arguments, then the buffer the twin writes its token into
+    assert entries["decode_greedy"].split("(", 1)[1] == entries["decode"].split("(", 1)[1][:-1] + ", int64[1, 1])"
     assert any(l.startswith("greedy:   decode_greedy for greedy steps") for l in r.stdout.splitlines()), r.stdout
     assert any(l.startswith("cpu:") and "avx" in l for l in r.stdout.splitlines())  # the CPU features compiled for
     assert "decompose-attention (graph: rewrote" in r.stdout

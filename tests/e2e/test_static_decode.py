@@ -45,7 +45,8 @@ def test_manifest_and_static_shapes(setup):
     n = llm["cache"]["count"]
     # on cpu with its greedy twin (compiler/greedy.py), which generate() runs for greedy steps
     assert llm["decode_static"] == {"function": "decode_static", "position_arg": 1, "cache_args_start": 2,
-                                    "greedy": {"function": "decode_static_greedy", "token_output": 1 + n, "token_int_output": 2 + n}}
+                                    "greedy": {"function": "decode_static_greedy", "token_output": 1 + n, "chosen_output": 2 + n,
+                                               "next_token_input": 2 + n}}
     shapes = [i["shape"] for i in mod.manifest["entry_points"]["decode_static"]["inputs"]]
     assert shapes[:2] == [[1, 1], [1]]  # static: no dynamic dimension
     assert all(s == llm["cache"]["shape"] for s in shapes[2:]) and len(shapes) == 2 + llm["cache"]["count"]
