@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=None, help="seed for sampling")
     r.add_argument("--no-eos", action="store_true", help="do not stop at the model's end-of-sequence id")
     r.add_argument("--device", default=None, help="IREE device (default: the manifest's, e.g. local-task)")
-    r.add_argument("--threads", type=int, default=None, help="worker threads for local-task (1 or more; 1 without --device runs a module for one device on the calling thread, IREE's local-sync)")
+    r.add_argument("--threads", type=int, default=None, help="worker threads for local-task (1 or more; 1 without --device runs a module for one device on the calling thread, IREE's local-sync, "
+                   "or, for a language model whose greedy steps are queued ahead, on one worker of its own while the calling thread queues)")
     r.add_argument("--weights", choices=("auto", "mmap", "memory"), default="auto",
                    help="cpu: map the weights from the .irpa, or read them into huge-page memory (faster decode); "
                         "auto (default): memory when the decode reads them in place and they fit in half the free memory")

@@ -137,10 +137,11 @@ def _helper(name: str, dims: list[int], elem: str) -> str:
     return "\n".join(lines)
 
 
-def add_greedy(module, source: str, name: str, logits_result: int = 0) -> None:
+def add_greedy(module, source: str, name: str, logits_result: int = 0) -> bool:
     """Append `name`: a copy of the function `source` of `module` (torch dialect, after the IR passes)
     returning, after its own results, the greedy token of result `logits_result` (a [1, ..., 1, V]
-    tensor of f32, bf16 or f16) and the choice (-1 where not finite), each a [1, 1] si64 tensor. Raises CompileError when
+    tensor of f32, bf16 or f16) and the choice (-1 where not finite), each a [1, 1] si64 tensor; True when it
+    added the `next_token` argument (argument 0 is a [1, 1] si64 token; pass that on to `signature`). Raises CompileError when
     there is no such function, `name` exists, or the logits are not such a tensor."""
     from torch_mlir import ir
 
@@ -199,6 +200,7 @@ def add_greedy(module, source: str, name: str, logits_result: int = 0) -> None:
             token_attr = (ir.DictAttr.get({"iree.abi.tied": ir.Attribute.parse(f"{len(inputs) - 1} : index")}) if tie_token
                           else ir.DictAttr.get({}))
             fn.attributes["res_attrs"] = ir.ArrayAttr.get([*attrs, token_attr, ir.DictAttr.get({})])
+    return tie_token
 
 
 def _written_into(arg, token, t_index):
@@ -218,16 +220,19 @@ def _written_into(arg, token, t_index):
     return ir.Operation.create("torch.aten.index_put.hacked_twin", results=[t_index], operands=[arg, indices, token, false]).result
 
 
-def signature(source_sig: dict, name: str) -> dict:
+def signature(source_sig: dict, name: str, next_token: bool = False) -> dict:
     """The manifest signature of `name` (add_greedy's copy of a function whose signature is source_sig):
-    the same inputs (and `next_token` after them where the first input is a [1, 1] int64 token, as
-    add_greedy adds it), its outputs and then the greedy token and the choice."""
+    the same inputs (and `next_token` after them where add_greedy added it: its return value), its outputs
+    and then the greedy token and the choice."""
     import copy
 
     sig = copy.deepcopy(source_sig)
     sig["function"] = name
-    first = (sig.get("inputs") or [{}])[0]
-    if first.get("kind") == "tensor" and first.get("dtype") == INDEX_DTYPE and first.get("shape") == [1, 1]:
+    if next_token:
+        first = (sig.get("inputs") or [{}])[0]
+        if not (first.get("kind") == "tensor" and first.get("dtype") == INDEX_DTYPE and first.get("shape") == [1, 1]):
+            raise CompileError(f"greedy entry point {name}: next_token added, but {source_sig.get('function')}'s first "
+                               f"input is not a [1, 1] {INDEX_DTYPE} token")
         sig["inputs"].append({"path": f"[0][{len(sig['inputs'])}]", "name": NEXT_TOKEN, "kind": "tensor", "dtype": INDEX_DTYPE,
                               "shape": [1, 1]})
     out = sig["outputs"]

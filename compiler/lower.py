@@ -250,8 +250,8 @@ def lower_module(
         for e in entries:
             if e.greedy:
                 name = greedy.greedy_name(e.function)
-                greedy.add_greedy(module, e.function, name, e.logits_output)
-                signatures[name] = greedy.signature(signatures[e.function], name)
+                added = greedy.add_greedy(module, e.function, name, e.logits_output)
+                signatures[name] = greedy.signature(signatures[e.function], name, next_token=added)
         if target.module_target:
             _write_device_targets(module, target.module_target)
         mlir = str(module)

@@ -212,6 +212,26 @@ def more_devices(manifest: dict, config, vmfb) -> list:
     return [config.device] + [d.create_device(listed[i]["device_id"]) for i in range(1, n)]
 
 
+_ONE_WORKER = []  # the process's one-worker local-task device, made on first use
+
+
+def one_worker_task_device():
+    """A local-task device with one worker, from a driver of its own (a driver's devices share its task
+    executor, sized by --task_topology_group_count when the driver is made), shared by every module that
+    asks for it in this process. The flag is set to 1 only while this driver is made and then back to 0
+    (IREE's default), so local-task devices made later get their usual worker count."""
+    if not _ONE_WORKER:
+        import iree.runtime as rt
+        from iree._runtime_libs._runtime import create_hal_driver
+
+        rt.flags.parse_flags("--task_topology_group_count=1")
+        try:
+            _ONE_WORKER.append(create_hal_driver("local-task").create_default_device())
+        finally:
+            rt.flags.parse_flags("--task_topology_group_count=0")
+    return _ONE_WORKER[0]
+
+
 CALLER_SCHED_ENV = "LLMC_CALLER_SCHED"  # "normal": leave the calling thread's scheduling as it is (A/B runs)
 
 

@@ -190,8 +190,12 @@ class GreedySteps:
         self.yields, self.waits = caller_yields_to_workers, module.device_driver == "local-task"
         self.tokens = None  # two [1, 1] int64 device buffers: a step reads its token from one, writes the next into the other
         self.ones = None if static else self._upload(np.ones((1, max_len), dtype=np.int64)).get_buffer()
+        if int(spec["next_token_input"]) != 2 + len(cache):  # the argument list _queue builds
+            raise RuntimeLoadError(f"{module.vmfb.name}: the manifest puts {self.name}'s next_token at input "
+                                   f"{spec['next_token_input']}, not after the token, the mask and the cache; recompile it")
         self.semaphore = self.device.create_semaphore(0)
         self.timeline = 0  # the value the last queued step signals
+        self.waited = 0  # the last value waited for: a step above it may still be running
 
     @staticmethod
     def calls_vm_directly(module, loaded) -> bool:
@@ -256,13 +260,14 @@ class GreedySteps:
                 self.rt.HalFence.create_at(self.semaphore, value).wait()
         except Exception as e:
             raise RuntimeCallError(f"{self.name}: IREE failed while running the module: {str(e).splitlines()[0]}") from e
+        self.waited = max(self.waited, value)
 
     def drain(self, quiet: bool = False) -> None:
         """Wait for the steps still queued (one queued ahead of the run's last token) and drop their choices.
         quiet: on the way out of an error, a failure here is not raised over it."""
-        if not self.queued:
-            return
         self.queued.clear()
+        if not self.direct or self.timeline <= self.waited:  # nothing queued is still running
+            return
         try:
             self._wait(self.timeline)
         except RuntimeCallError:

@@ -267,6 +267,9 @@ class Module:
             raise RuntimeLoadError(f"threads={threads!r}: give a whole number of worker threads, 1 or more (or None for IREE's default)")
         self.threads = threads
         self.device_name = device or self._default_device()
+        # threads=1 moved to local-task by _default_device (steps queued ahead): a one-worker device of its own,
+        # so that no process-wide worker count is set for the local-task modules loaded after it
+        self._one_worker = device is None and threads == 1 and self.device_name == "local-task"
         self.device_family = self.manifest.get("target", {}).get("device", "local")  # runtime/device.py DRIVERS
         self.weights_mode = weights_mod.check_mode(weights)
         # Where the weights live once loaded ("mmap" or "memory", runtime/weights.py) and why; None before.
@@ -344,9 +347,9 @@ class Module:
         if self._loaded is None:
             import iree.runtime as rt
 
-            if self.threads and self.device_driver == "local-task":
+            if self.threads and self.device_driver == "local-task" and not self._one_worker:
                 rt.flags.parse_flags(f"--task_topology_group_count={int(self.threads)}")
-            from llmc.runtime.device import is_device_lost, open_device
+            from llmc.runtime.device import is_device_lost, one_worker_task_device, open_device
 
             # Up to two new devices: under load the loss was seen twice in a row (a CI run, once a
             # full local run), never three times.
@@ -357,7 +360,8 @@ class Module:
             skipped = weights_mod.huge_pages_skipped() if local else None
             before = weights_mod.populated_chunks() if local and not skipped else None
             for attempt, fresh in enumerate(attempts):
-                config = open_device(self.manifest, self.device_name, self.vmfb, fresh=fresh)
+                config = (rt.Config(device=one_worker_task_device()) if self._one_worker
+                          else open_device(self.manifest, self.device_name, self.vmfb, fresh=fresh))
                 self._warm_cpu_data(config)
                 try:
                     self._loaded = self._load_on(config)
@@ -708,8 +712,10 @@ def load(path_or_artifact, device: str | None = None, *, threads: int | None = N
     threads: worker count of IREE's local-task device. IREE caches devices per process and the flag
     is process-global, so it takes effect for the first local-task module loaded in a process only.
     threads=1 on a CPU module for one device (without `device`) runs on IREE's local-sync device
-    instead: the dispatches run on the calling thread (Module._default_device), and the flag is not
-    set, so a later threads=None load in the process gets IREE's default worker count.
+    instead: the dispatches run on the calling thread (Module._default_device); or, for a language model
+    whose greedy steps are queued ahead and a process with two CPUs or more, on a one-worker local-task
+    device of its own (runtime/device.py one_worker_task_device). Either way the flag is not set, so a
+    later threads=None load in the process gets IREE's default worker count.
     weights: where the weights live on a CPU device, "mmap" (mapped from the .irpa), "memory" (read
     into memory with huge pages: faster decode) or "auto" (memory where it pays and fits;
     runtime/weights.py). Module.weights says what was chosen, once loaded.

@@ -126,6 +126,14 @@ def test_signature_appends_the_token():
     assert lower.Entry.__dataclass_fields__["greedy"].default is False
     with pytest.raises(CompileError, match="decode_greedy: decode does not return a tuple"):
         greedy.signature({"function": "decode", "inputs": [], "outputs": {"type": "tensor"}}, "decode_greedy")
+    # next_token only where add_greedy added it, and only after a [1, 1] int64 token
+    tok = {"function": "decode", "inputs": [{"path": "[0][0]", "name": "token", "kind": "tensor", "dtype": "int64", "shape": [1, 1]}],
+           "outputs": sig["outputs"]}
+    assert greedy.signature(tok, "decode_greedy")["inputs"] == tok["inputs"]
+    assert greedy.signature(tok, "decode_greedy", next_token=True)["inputs"][1] == {
+        "path": "[0][1]", "name": "next_token", "kind": "tensor", "dtype": "int64", "shape": [1, 1]}
+    with pytest.raises(CompileError, match="first input is not a \\[1, 1\\] int64 token"):
+        greedy.signature(sig, "decode_greedy", next_token=True)
     # the manifest's record reads the indices from those roles
     assert greedy.record({"decode_greedy": got}, "decode") == {"function": "decode_greedy", "token_output": 1, "chosen_output": 2}
 

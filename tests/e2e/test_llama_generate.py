@@ -321,21 +321,25 @@ def test_logits_row_is_the_results_and_non_finite_logits_stop_generation(compile
     assert len(mod.generate(PROMPT, 5, stop_at_eos=False)) == 5
 
 
-@pytest.mark.parametrize("threads, direct", [(1, True), (2, True), (1, False)])
-def test_greedy_steps_in_the_module_equal_the_logits_path_and_update_the_cache_in_place(compiled, monkeypatch, threads, direct):
-    """generate()'s greedy steps through decode_greedy (runtime/generate.py GreedySteps: the VM function
-    called directly, the cache's buffers passed as they are, the token fed back on the device) give the
-    tokens the logits path gives, and leave the cache it leaves, bit for bit: the cache results are tied,
-    so the buffers passed in are the ones updated. Only the prefill goes through EntryPoint.call_raw.
-    1 thread runs local-sync, 2 local-task; direct=False takes the path a non-CPU device would (each step
-    through call_raw, the token read from the returned integer)."""
+@pytest.mark.parametrize("threads, direct, device", [(1, True, None), (1, True, "local-sync"), (2, True, None), (1, False, None)])
+def test_greedy_steps_in_the_module_equal_the_logits_path_and_update_the_cache_in_place(compiled, monkeypatch, threads, direct, device):
+    """generate()'s greedy steps through decode_greedy (runtime/generate.py GreedySteps: the VM function's
+    `$async` form called directly, steps queued one ahead, the cache's buffers passed as they are, the token
+    fed back on the device) give the tokens the logits path gives, and leave the cache it leaves, bit for
+    bit: the cache results are tied, so the buffers passed in are the ones updated. Only the prefill goes
+    through EntryPoint.call_raw. 1 thread runs one local-task worker (where the process has 2 CPUs, else
+    local-sync) or local-sync when asked (a call runs inside the invoke: nothing is queued behind it), 2
+    threads local-task; direct=False takes the path a non-CPU device would (each step through call_raw,
+    the choice read back as a tensor)."""
     import numpy as np
 
     import llmc
     from llmc.runtime import generate as gen
     from llmc.runtime import module as module_mod
 
-    mod = llmc.load(compiled["hf"], threads=threads)
+    mod = llmc.load(compiled["hf"], device, threads=threads)
+    if device is not None:
+        assert mod.device_name == device
     monkeypatch.setattr(gen.GreedySteps, "calls_vm_directly", staticmethod(lambda module, loaded: direct))
     calls = []
     real_call = module_mod.EntryPoint.call_raw
@@ -418,9 +422,24 @@ def test_one_thread_greedy_modules_run_on_local_task_where_a_second_cpu_is(compi
     import llmc
     from llmc.runtime import module as module_mod
 
+    import iree.runtime as rt
+
+    from llmc.runtime import device as device_mod
+
     art = compiled["hf"]
     monkeypatch.setattr(module_mod, "_usable_cpus", lambda: 2)
-    assert llmc.load(art, threads=1).device_name == "local-task"
+    one = llmc.load(art, threads=1)
+    assert one.device_name == "local-task"
+    # its own one-worker device, not the process's shared local-task device, and no worker count left set:
+    # a local-task device made after it gets IREE's default again
+    one.generate(PROMPT, 2, stop_at_eos=False)
+    assert one._ensure_loaded().config.device is device_mod.one_worker_task_device()
+    assert one._ensure_loaded().config.device is not rt.get_device("local-task")
+    flags_now = []
+    real_parse = rt.flags.parse_flags
+    monkeypatch.setattr(rt.flags, "parse_flags", lambda *f: (flags_now.extend(f), real_parse(*f)))
+    llmc.load(art, threads=1).generate(PROMPT, 2, stop_at_eos=False)
+    assert flags_now == []  # the one-worker device is made once a process
     monkeypatch.setattr(module_mod, "_usable_cpus", lambda: 1)
     assert llmc.load(art, threads=1).device_name == "local-sync"
     monkeypatch.setattr(module_mod, "_usable_cpus", lambda: 2)
