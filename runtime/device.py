@@ -189,9 +189,7 @@ def more_devices(manifest: dict, config, vmfb) -> list:
         return [config.device]
     name, driver, _ = resolve_name(manifest, None, vmfb)
     if driver.startswith("local"):
-        import os
-
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = usable_cpus()
         if n > cores:
             raise RuntimeLoadError(
                 f"{vmfb}: split over {n} devices (--tensor-parallel {n}), each a local-task device with workers of its own; "
@@ -210,6 +208,13 @@ def more_devices(manifest: dict, config, vmfb) -> list:
         )
     d = rt.get_driver(driver)
     return [config.device] + [d.create_device(listed[i]["device_id"]) for i in range(1, n)]
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 _ONE_WORKER = []  # the process's one-worker local-task device, made on first use

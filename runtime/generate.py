@@ -169,6 +169,9 @@ class GreedySteps:
         self.name = spec["function"]
         self.token_output, self.chosen_output = int(spec["token_output"]), int(spec["chosen_output"])
         self.static = static
+        if int(spec["next_token_input"]) != 2 + len(cache):  # the argument lists next and _queue build
+            raise RuntimeLoadError(f"{module.vmfb.name}: the manifest puts {self.name}'s next_token at input "
+                                   f"{spec['next_token_input']}, not after the token, the mask and the cache; recompile it")
         loaded = module._ensure_loaded()
         self.direct = self.calls_vm_directly(module, loaded)
         self.cache = cache
@@ -190,9 +193,6 @@ class GreedySteps:
         self.yields, self.waits = caller_yields_to_workers, module.device_driver == "local-task"
         self.tokens = None  # two [1, 1] int64 device buffers: a step reads its token from one, writes the next into the other
         self.ones = None if static else self._upload(np.ones((1, max_len), dtype=np.int64)).get_buffer()
-        if int(spec["next_token_input"]) != 2 + len(cache):  # the argument list _queue builds
-            raise RuntimeLoadError(f"{module.vmfb.name}: the manifest puts {self.name}'s next_token at input "
-                                   f"{spec['next_token_input']}, not after the token, the mask and the cache; recompile it")
         self.semaphore = self.device.create_semaphore(0)
         self.timeline = 0  # the value the last queued step signals
         self.waited = 0  # the last value waited for: a step above it may still be running

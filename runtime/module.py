@@ -25,6 +25,7 @@ import numpy as np
 from llmc.errors import InputError, RuntimeCallError, RuntimeLoadError
 from llmc import dtypes
 from llmc.runtime import weights as weights_mod
+from llmc.runtime import device as device_mod
 from llmc.runtime.device import caller_yields_to_workers, first_line, is_device_lost, more_devices
 
 log = logging.getLogger("llmc.runtime")
@@ -97,13 +98,6 @@ def queues_steps_ahead(manifest: dict) -> bool:
 
     llm = manifest.get("llm") or {}
     return queueable_twin((llm.get("decode_static") or llm.get("decode") or {}).get("greedy"))
-
-
-def _usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _find_companions(vmfb: Path) -> tuple[Path, Path | None]:
@@ -304,7 +298,7 @@ class Module:
         name = self.manifest.get("runtime_device", "local-task")
         target = self.manifest.get("target", {})
         if self.threads == 1 and name == "local-task" and int(target.get("devices", 1)) == 1:
-            return "local-task" if queues_steps_ahead(self.manifest) and _usable_cpus() >= 2 else "local-sync"
+            return "local-task" if queues_steps_ahead(self.manifest) and device_mod.usable_cpus() >= 2 else "local-sync"
         return name
 
     @property

@@ -427,7 +427,7 @@ def test_one_thread_greedy_modules_run_on_local_task_where_a_second_cpu_is(compi
     from llmc.runtime import device as device_mod
 
     art = compiled["hf"]
-    monkeypatch.setattr(module_mod, "_usable_cpus", lambda: 2)
+    monkeypatch.setattr(device_mod, "usable_cpus", lambda: 2)
     one = llmc.load(art, threads=1)
     assert one.device_name == "local-task"
     # its own one-worker device, not the process's shared local-task device, and no worker count left set:
@@ -440,9 +440,9 @@ def test_one_thread_greedy_modules_run_on_local_task_where_a_second_cpu_is(compi
     monkeypatch.setattr(rt.flags, "parse_flags", lambda *f: (flags_now.extend(f), real_parse(*f)))
     llmc.load(art, threads=1).generate(PROMPT, 2, stop_at_eos=False)
     assert flags_now == []  # the one-worker device is made once a process
-    monkeypatch.setattr(module_mod, "_usable_cpus", lambda: 1)
+    monkeypatch.setattr(device_mod, "usable_cpus", lambda: 1)
     assert llmc.load(art, threads=1).device_name == "local-sync"
-    monkeypatch.setattr(module_mod, "_usable_cpus", lambda: 2)
+    monkeypatch.setattr(device_mod, "usable_cpus", lambda: 2)
     manifest = json_mod.loads(art.vmfb.with_suffix(".json").read_text())
     older = dict(manifest["llm"]["decode"]["greedy"])
     del older["next_token_input"], older["chosen_output"]
@@ -474,8 +474,9 @@ def test_a_non_finite_greedy_choice_stops_generation(compiled, monkeypatch):
 
 
 def test_a_manifest_naming_a_missing_twin_or_a_failing_step_is_one_clear_error(compiled, tmp_path, monkeypatch):
-    """A manifest whose greedy record names a function the .vmfb lacks (a hand-edited or mismatched pair) is a
-    load error: one line naming the module and what to do, exit 2, no traceback. An IREE failure inside a
+    """A manifest whose greedy record names a function the .vmfb lacks, or puts next_token elsewhere than after the
+    cache (a hand-edited or mismatched pair), is a load error: one line naming the module and what to do, exit 2,
+    no traceback. Steps asked for out of order are refused. An IREE failure inside a
     direct step is RuntimeCallError naming the function (exit 3 through the CLI, as for call_raw's)."""
     import os
 
@@ -495,7 +496,27 @@ def test_a_manifest_naming_a_missing_twin_or_a_failing_step_is_one_clear_error(c
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "m.vmfb: the manifest names decode_gone, which the module does not export; recompile it" in lines[0]
 
+    # a record whose next_token is not the argument after the cache: a load error naming it, exit 2
+    manifest["llm"]["decode"]["greedy"]["function"] = "decode_greedy"
+    manifest["llm"]["decode"]["greedy"]["next_token_input"] = 1
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    r = _llmc("run", tmp_path / "m.vmfb", "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "4", "--no-eos")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert ("m.vmfb: the manifest puts decode_greedy's next_token at input 1, not after the token, the mask and the "
+            "cache; recompile it") in lines[0]
+
     mod = llmc.load(compiled["hf"])
+    # steps asked for out of order (a caller bug GreedySteps refuses rather than returning another step's token)
+    mod.generate(PROMPT, 2, stop_at_eos=False)
+    cache = list(mod._ensure_loaded().spare_cache)
+    steps = gen.GreedySteps(mod, mod.manifest["llm"]["decode"]["greedy"], False, cache, MAX_SEQ)
+    steps.next(PROMPT[0], len(PROMPT) + 1, ahead=True)
+    with pytest.raises(RuntimeCallError, match=f"^decode_greedy: the step at length {len(PROMPT) + 5} was asked for, "
+                                               f"{len(PROMPT) + 2} is next$"):
+        steps.next(PROMPT[0], len(PROMPT) + 5)
+    steps.drain()
     real_init = gen.GreedySteps.__init__
 
     class Failing:

@@ -68,6 +68,10 @@ typedef struct {
   size_t groups[MAX_PRODUCTS], k[MAX_PRODUCTS], per[MAX_PRODUCTS];
 } spec_t;
 
+static size_t workgroups(const spec_t *s, size_t i) { return (s->groups[i] + s->per[i] - 1) / s->per[i]; }
+
+static size_t product_bytes(const spec_t *s, size_t i) { return s->groups[i] * s->k[i] * s->group * s->elem; }
+
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -104,7 +108,7 @@ static void parse(const char *arg, spec_t *s) {
     if (*end != 'x') die("bad product (GROUPSxKxPER)");
     s->per[s->count] = strtoull(end + 1, &end, 10);
     if (!s->groups[s->count] || !s->k[s->count] || !s->per[s->count]) die("zero in a product");
-    s->bytes += s->groups[s->count] * s->k[s->count] * s->group * s->elem;
+    s->bytes += product_bytes(s, s->count);
     s->count++;
     p = *end == ',' ? end + 1 : end;
   }
@@ -158,9 +162,8 @@ static void call(const spec_t *s, size_t i, const float *x, const void *p, float
 
 static void products(const spec_t *s, const float *x, const uint8_t *w, float *y) {
   for (size_t i = 0; i < s->count; i++) {
-    size_t nwg = (s->groups[i] + s->per[i] - 1) / s->per[i];
-    for (size_t wg = 0; wg < nwg; wg++) call(s, i, x, w, y, wg);
-    w += s->groups[i] * s->k[i] * s->group * s->elem;
+    for (size_t wg = 0; wg < workgroups(s, i); wg++) call(s, i, x, w, y, wg);
+    w += product_bytes(s, i);
   }
 }
 
@@ -199,8 +202,7 @@ static double error_of(const spec_t *s, size_t i0, const float *x, const uint8_t
 }
 
 static double check(const spec_t *s, const float *x, const uint8_t *w, float *y) {
-  size_t nwg = (s->groups[0] + s->per[0] - 1) / s->per[0];
-  for (size_t wg = 0; wg < nwg; wg++) call(s, 0, x, w, y, wg);
+  for (size_t wg = 0; wg < workgroups(s, 0); wg++) call(s, 0, x, w, y, wg);
   return error_of(s, 0, x, w, y);
 }
 
@@ -260,8 +262,6 @@ static struct {
 } work;
 static double read_sinks[64];
 
-static size_t workgroups(const spec_t *s, size_t i) { return (s->groups[i] + s->per[i] - 1) / s->per[i]; }
-
 static void run_job(int t, int *sense) {
   const spec_t *s = work.spec;
   if (work.job == JOB_READ) {
@@ -274,7 +274,7 @@ static void run_job(int t, int *sense) {
       float *y = i + 1 == s->count ? work.y_last : work.y;
       while ((wg = atomic_fetch_add(&work.next[i], 1)) < nwg) call(s, i, work.x, w, y, wg);
       barrier(sense);
-      w += s->groups[i] * s->k[i] * s->group * s->elem;
+      w += product_bytes(s, i);
     }
   } else if (work.job == JOB_STREAM) {
     size_t total = 0, at = 0;
@@ -284,7 +284,7 @@ static void run_job(int t, int *sense) {
     for (size_t i = 0; i < s->count; i++) {
       for (size_t wg = 0; wg < workgroups(s, i); wg++, at++)
         if (at >= a && at < b) call(s, i, work.x, w, i + 1 == s->count ? work.y_last : work.y, wg);
-      w += s->groups[i] * s->k[i] * s->group * s->elem;
+      w += product_bytes(s, i);
     }
   }
 }
@@ -377,7 +377,7 @@ int main(int argc, char **argv) {
   for (int i = 0; nthreads > 1 && i < kinds; i++) { /* the threads' sums: the last product, as each job leaves it */
     const spec_t *s = &specs[i];
     size_t before = 0;
-    for (size_t j = 0; j + 1 < s->count; j++) before += s->groups[j] * s->k[j] * s->group * s->elem;
+    for (size_t j = 0; j + 1 < s->count; j++) before += product_bytes(s, j);
     for (enum job job = JOB_CLAIM; job <= JOB_STREAM; job++) {
       memset(work.y_last, 0xFF, 4u << 20); /* NaN: a channel no thread wrote fails the check */
       timed(job, s, x, w, y, 0);
