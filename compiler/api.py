@@ -15,7 +15,7 @@ from pathlib import Path
 
 from llmc.compiler import artifacts, export, lower, pipeline, targets
 from llmc.compiler.artifacts import Artifact
-from llmc.compiler.progress import Phases
+from llmc.compiler.progress import Phases, quiet_pytree_warnings
 from llmc.errors import UsageError
 
 
@@ -109,7 +109,8 @@ def compile_model(
     from llmc.compiler import llm
 
     if llm.is_llm_source(model, example_args, example_kwargs, config):
-        return llm.compile_llm(model, opts)
+        with quiet_pytree_warnings():
+            return llm.compile_llm(model, opts)
     what = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
     if config is not None:
         raise UsageError(f"--config applies to Llama weights files; {what} is not one")
@@ -125,7 +126,8 @@ def compile_model(
         raise UsageError(f"--prefill-chunk applies to Llama checkpoints; {what} is not one")
     if kv != "auto":
         raise UsageError(f"--kv-dtype applies to Llama checkpoints; {what} is not one")
-    return compile_program(model, tuple(example_args), example_kwargs, dynamic_shapes, opts)
+    with quiet_pytree_warnings():
+        return compile_program(model, tuple(example_args), example_kwargs, dynamic_shapes, opts)
 
 
 def compile_program(model, example_args: tuple, example_kwargs, dynamic_shapes, opts: lower.CompileOptions) -> Artifact:

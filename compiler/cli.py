@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="llmc: %(message)s")
     # torch 2.13 warns about its own pytree internals on every export; it is not the user's to act on
     # and it broke the live progress line.
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    from llmc.compiler.progress import PYTREE_WARNING
+
+    warnings.filterwarnings("ignore", message=PYTREE_WARNING, category=FutureWarning)
     try:
         return {"compile": cmd_compile, "run": cmd_run, "info": cmd_info, "targets": cmd_targets, "diff": cmd_diff, "bisect": cmd_bisect}[args.command](args)
     except LlmcError as e:

@@ -101,12 +101,9 @@ def _aliases(pt2_sig: dict, entry: dict) -> dict:
 
 def run(o: DiffOptions) -> DiffOutcome:
     """Compile (if no artifact is given), run eager and compiled on the same inputs, compare, localise."""
-    import warnings
+    from llmc.compiler.progress import quiet_pytree_warnings
 
-    with warnings.catch_warnings():
-        # torch deep-copies its own tree specs (export, decompositions, convert_module) and warns
-        # about its own deprecated LeafSpec API each time: noise between the diff's lines.
-        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+    with quiet_pytree_warnings():  # torch's own deprecation noise, between the diff's lines otherwise
         return _run(o)
 
 

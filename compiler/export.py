@@ -28,7 +28,6 @@ from llmc import dtypes
 from llmc.errors import ExportError, UsageError
 
 
-
 class CastInputs(nn.Module):
     """Casts f32 tensor inputs to the compute dtype, then calls the model.
 

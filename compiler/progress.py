@@ -82,3 +82,19 @@ def _amount(progress, elapsed: float) -> str:
     unit, scale = ("GB", 1e9) if total >= 1e9 else ("MB", 1e6)
     pct = f" ({100 * done / total:.0f}%)" if total else ""
     return f"{done / scale:.1f}/{total / scale:.1f} {unit}{pct}, {done / 1e6 / max(elapsed, 1e-9):.0f} MB/s, "
+
+
+# torch 2.13 deep-copies its own pytree specs (export, run_decompositions, copy.deepcopy of a program)
+# and warns each time that its own LeafSpec API is deprecated: nothing a caller of llmc can act on, and
+# it lands between llmc's progress lines and a bench's table.
+PYTREE_WARNING = r".*isinstance\(treespec, LeafSpec\)"
+
+
+@contextlib.contextmanager
+def quiet_pytree_warnings():
+    """torch's own LeafSpec deprecation warning silenced inside the block (only that warning)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PYTREE_WARNING, category=FutureWarning)
+        yield
