@@ -77,6 +77,12 @@ MIN_WORKGROUPS = 16
 # (generic x86-64-v3/v4 included) gets the default; a module for several CPUs gets it unless all agree.
 BF16_PAIR_MIN_K = 1024
 BF16_PAIR_MIN_K_BY_CPU = {"znver3": 0}
+# How far ahead of its stream the fp8 and int8 one-row loop prefetches (the C function's `ahead`), in bytes.
+# Zen 4 at ~34 GB/s: 512 best (a harness over 8B-shaped layers, 1024 / 2048 read 0.88x / 0.92x of it). A Zen 3
+# VM at 12-14 GB/s: 2048 (the loops 0.86-0.92 of a plain read against 0.72-0.80; small-125m fp8 decode in
+# IREE 1.144x at 1 thread, 12 of 12 rounds, 1.080x at 2). Chosen like BF16_PAIR_MIN_K_BY_CPU.
+MATVEC_PREFETCH = 512
+MATVEC_PREFETCH_BY_CPU = {"znver3": 2048}
 # bf16 one-row products in a module whose every CPU has AVX-512F call the C loop's 512-bit form (each
 # 64-byte K step decoded whole by a shift and an and, instead of four widening loads and four shifts;
 # bit-identical sums): small-125m bf16 decode 1.091x / 1.074x at 1 thread on Zen 4, no clear change at 2
@@ -412,6 +418,18 @@ def bf16_matvec(arch: str | None) -> tuple[int, str]:
             BF16_MATVEC_FUNCTION_AVX512 if wide else BF16_MATVEC_FUNCTION)
 
 
+def matvec_prefetch(arch: str | None) -> int:
+    """The fp8 and int8 one-row loop's prefetch distance in a module built for llvm-cpu `--arch arch`: the CPUs'
+    own (MATVEC_PREFETCH_BY_CPU, by name as iree-compile resolves them), the default unless all agree."""
+    if not arch:
+        return MATVEC_PREFETCH
+    from llmc.compiler import targets
+
+    chosen = {MATVEC_PREFETCH_BY_CPU.get(targets.llvm_cpu_features(cpu)[0] or cpu, MATVEC_PREFETCH)
+              for cpu in targets.cpu_variants(arch)}
+    return chosen.pop() if len(chosen) == 1 else MATVEC_PREFETCH
+
+
 def fp8_pairs(arch: str | None) -> bool:
     """Whether every CPU of llvm-cpu `--arch arch` (as iree-compile resolves them) has FP8_PAIR_FEATURES: the
     fp8 weights of such a module get the pair layout and the dot-product loop (compiler/pipeline.py)."""
@@ -470,14 +488,15 @@ def fp8_x_halves(k: int) -> list[str]:
 
 def _matvec_extra(kind: str) -> list[str]:
     """Index operands a matvec kind's C function takes after (k, groups, per_wg, wg)."""
-    return ["%pairk"] if kind == "bf16" else []
+    return {"bf16": ["%pairk"], "fp8": ["%ahead"], "int8": ["%ahead"]}.get(kind, [])
 
 
 def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int | str | None = None,
-                pair_min_k: int = BF16_PAIR_MIN_K) -> str:
+                pair_min_k: int = BF16_PAIR_MIN_K, ahead: int = MATVEC_PREFETCH) -> str:
     """The body of a declared kernel function: a flow.dispatch of @matvec_<kind> (m None: x [1, K]) or
     @gemm_<kind> (x [m, K], m passed to the C function too; m "D": the row count is x's dynamic dim).
-    pair_min_k: the bf16 matvec's threshold for reading two groups side by side (bf16_matvec)."""
+    pair_min_k: the bf16 matvec's threshold for reading two groups side by side (bf16_matvec); ahead: the fp8
+    and int8 matvec's prefetch distance (matvec_prefetch)."""
     elem, group = (KINDS if m is None else GEMM_LAYOUTS)[kind]
     rows = 1 if m is None else "?" if m == "D" else m
     dims = "{%m}" if m == "D" else ""  # a dynamic tensor's size operand in flow.dispatch's type list
@@ -496,6 +515,7 @@ def _definition(indent: str, name: str, kind: str, groups: int, k: int, m: int |
         f"  %g = arith.constant {groups} : index",
         f"  %per = arith.constant {per} : index",
         *([f"  %pairk = arith.constant {pair_min_k} : index"] if "%pairk" in sizes else []),
+        *([f"  %ahead = arith.constant {ahead} : index"] if "%ahead" in sizes else []),
         *(fp8_x_halves(k) if halves else []),
         f"  %y = flow.dispatch @{EXECUTABLE}::@{op}_{kind}[%g, %per]({operand}, %p, {', '.join(sizes)}) : "
         f"({to}{dims}, {tp}, {', '.join(['index'] * len(sizes))}) -> {ty}{dims}",
@@ -710,8 +730,9 @@ def _executable(obj: Path, kinds: list[str], gemm_kinds: list[str] = (), attenti
 
 def link(mlir: str, arch: str | None = None) -> str:
     """`mlir` with each kernel declaration given its dispatch body and the executable added; the
-    text unchanged when it declares none. arch: the module's llvm-cpu --arch, read (bf16_matvec) only
-    where a bf16 one-row product needs its stream count and C function; None: the defaults (AVX2)."""
+    text unchanged when it declares none. arch: the module's llvm-cpu --arch, read only where a one-row
+    product needs it: bf16's stream count and C function (bf16_matvec), fp8's and int8's prefetch distance
+    (matvec_prefetch); None: the defaults (AVX2)."""
     found = list(_DECL.finditer(mlir))
     found_gemm = list(_GEMM_DECL.finditer(mlir))
     found_attn = list(_ATTN_DECL.finditer(mlir))
@@ -725,8 +746,9 @@ def link(mlir: str, arch: str | None = None) -> str:
     pair_min_k, bf16_function = BF16_PAIR_MIN_K, BF16_MATVEC_FUNCTION
     if any(m.group(3) == "bf16" for m in found):
         pair_min_k, bf16_function = bf16_matvec(arch)
+    ahead = matvec_prefetch(arch) if any(m.group(3) in ("fp8", "int8") for m in found) else MATVEC_PREFETCH
     out = _DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(4)), int(m.group(5)),
-                                          pair_min_k=pair_min_k), mlir)
+                                          pair_min_k=pair_min_k, ahead=ahead), mlir)
     out = _GEMM_DECL.sub(lambda m: _definition(m.group(1), m.group(2), m.group(3), int(m.group(5)), int(m.group(6)),
                                                m="D" if m.group(4) == "D" else int(m.group(4))), out)
     end = out.rstrip().rfind("}")  # the module's own closing brace: the executable goes inside it

@@ -78,17 +78,21 @@ def products(config, layers: int, head: bool) -> list[tuple[int, int]]:
 
 
 def spec(kind: str, shapes: list[tuple[int, int]], arch: str) -> str:
-    """The driver's SPEC for `kind`: its C function, the bf16 stream threshold, the packed group's channels
-    (the layout the compile packs for the kernels), GROUPSxKxPER per product."""
+    """The driver's SPEC for `kind`: its C function, its last argument (bf16: the stream threshold; fp8, int8:
+    the prefetch distance), the packed group's channels (the layout the compile packs for the kernels),
+    GROUPSxKxPER per product."""
     from llmc.compiler import ukernels
 
     group = ukernels.KINDS[kind][1]
-    pair_min_k, function = ukernels.bf16_matvec(arch) if kind == "bf16" else (0, f"llmc_matvec_{kind}")
+    if kind == "bf16":
+        arg, function = ukernels.bf16_matvec(arch)
+    else:  # fp8dp's function takes no last argument
+        arg, function = ukernels.matvec_prefetch(arch) if kind in ("fp8", "int8") else 0, f"llmc_matvec_{kind}"
     items = []
     for n, k in shapes:
         groups = -(-n // group)
         items.append(f"{groups}x{k}x{ukernels.groups_per_workgroup(kind, groups, k)}")
-    return f"{kind}:{function}:{pair_min_k}:{group}:{','.join(items)}"
+    return f"{kind}:{function}:{arg}:{group}:{','.join(items)}"
 
 
 def build(folder: Path) -> Path:

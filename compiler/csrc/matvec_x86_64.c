@@ -37,7 +37,8 @@
 #define MEMREF(T, name) T *name##_base, T *restrict name##_aligned, size_t name##_offset, size_t name##_size, size_t name##_stride
 #define DATA(name) (name##_aligned + name##_offset)
 
-#define PREFETCH_BYTES 512  /* how far ahead of each stream to prefetch (measured: docs/targets.md) */
+/* How far ahead of its stream the one-group loop of int8 and fp8 prefetches: the caller's `ahead`
+ * (compiler/ukernels.py MATVEC_PREFETCH_BY_CPU: 512 bytes, 2048 on Zen 3; measured in docs/targets.md). */
 
 /* ---- decodes: 8 codes at p -> 8 f32 lanes ---- */
 
@@ -60,18 +61,18 @@ static inline __m256 dec_bf16(const uint16_t *p) {
  * stream, with a prefetch ahead as fp8's; even and odd k in two partial sums per channel. */
 
 /* The one-group loop of the 1-byte kinds (int8, fp8): a workgroup's 32-channel groups one after the other,
- * a prefetch PREFETCH_BYTES ahead of the stream, even k into a[] and odd k into c[], added before
+ * a prefetch `ahead` bytes ahead of the stream, even k into a[] and odd k into c[], added before
  * STORE(y, sums) puts the group's 32 sums in channel order. FMA(row, x, sums) adds one K step's 32 codes. */
 #define PREFETCHED_GROUPS(NAME, FMA, STORE)                                                                \
   static inline void NAME(const float *restrict x, const int8_t *restrict p, float *restrict y, size_t k,   \
-                          size_t first, size_t count) {                                                    \
+                          size_t first, size_t count, size_t ahead) {                                      \
     for (size_t b = first; b < first + count; b++) {                                                       \
       const int8_t *p0 = p + b * k * 32;                                                                   \
       __m256 a[4], c[4];                                                                                   \
       for (int j = 0; j < 4; j++) a[j] = c[j] = _mm256_setzero_ps();                                       \
       size_t i = 0;                                                                                        \
       for (; i + 2 <= k; i += 2) {                                                                         \
-        _mm_prefetch((const char *)(p0 + i * 32) + PREFETCH_BYTES, _MM_HINT_T0);                           \
+        _mm_prefetch((const char *)(p0 + i * 32) + ahead, _MM_HINT_T0);                                    \
         FMA(p0 + i * 32, _mm256_broadcast_ss(x + i), a);                                                   \
         FMA(p0 + i * 32 + 32, _mm256_broadcast_ss(x + i + 1), c);                                          \
       }                                                                                                    \
@@ -499,10 +500,10 @@ static inline void span(size_t groups, size_t per_wg, size_t wg, size_t *first, 
 }
 
 void llmc_matvec_fp8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
-                     size_t per_wg, size_t wg) {
+                     size_t per_wg, size_t wg, size_t ahead) {
   size_t first, count;
   span(groups, per_wg, wg, &first, &count);
-  fp8_groups(DATA(x), DATA(p), DATA(y), k, first, count);
+  fp8_groups(DATA(x), DATA(p), DATA(y), k, first, count, ahead);
 }
 
 /* xq: x as bf16 hi / lo halves, [2, K] (above); ukernels.py emits it only in a module whose every CPU has
@@ -515,10 +516,10 @@ void llmc_matvec_fp8dp(MEMREF(const uint16_t, xq), MEMREF(const int8_t, p), MEMR
 }
 
 void llmc_matvec_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
-                      size_t per_wg, size_t wg) {
+                      size_t per_wg, size_t wg, size_t ahead) {
   size_t first, count;
   span(groups, per_wg, wg, &first, &count);
-  int8_groups(DATA(x), DATA(p), DATA(y), k, first, count);
+  int8_groups(DATA(x), DATA(p), DATA(y), k, first, count, ahead);
 }
 
 /* pair_min_k: groups of K >= pair_min_k are read two side by side, smaller ones one after the other (above) */

@@ -157,13 +157,42 @@ def test_compiled_avx512_bf16_kernel_matches_torch_and_the_avx2_loop(tmp_path, g
     assert torch.equal(got, _run_linked(tmp_path, ukernels.link(_module("bf16", groups, k)), x, _packed.pack(codes, 32)))
 
 
-def test_link_asks_for_the_cpus_only_for_a_bf16_matvec(monkeypatch):
-    """Resolving a CPU name runs iree-compile: a module without a bf16 one-row product never pays it."""
+def test_link_asks_for_the_cpus_only_for_a_matvec_that_reads_them(monkeypatch):
+    """Resolving a CPU name runs iree-compile: a module whose products need nothing of the CPU (here the
+    many-row kernel) never pays it; a one-row fp8, int8 or bf16 product asks once."""
     asked = []
     monkeypatch.setattr(targets, "llvm_cpu_features", lambda cpu: asked.append(cpu) or ("znver3", ()))
-    text = ukernels.link(_module("fp8", 3, 64), arch="host")
-    assert not asked and "%pairk" not in text
-    assert "%pairk = arith.constant 0 : index" in ukernels.link(_module("bf16", 3, 64), arch="host") and asked == ["host"]
+    text = ukernels.link(_module("fp8", 3, 64, m=4), arch="host")
+    assert not asked and "%pairk" not in text and "%ahead" not in text
+    assert "%ahead = arith.constant 2048 : index" in ukernels.link(_module("fp8", 3, 64), arch="host") and asked == ["host"]
+    assert "%pairk = arith.constant 0 : index" in ukernels.link(_module("bf16", 3, 64), arch="host") and asked == ["host"] * 2
+    assert "%ahead" not in ukernels.link(_module("bf16", 3, 64), arch="host")
+
+
+# fp8's and int8's prefetch distance: the CPUs' own where all agree (MATVEC_PREFETCH_BY_CPU: Zen 3 2048), else 512
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+@pytest.mark.parametrize("arch, want", [(None, 512), ("znver3", 2048), ("znver4", 512), ("x86-64-v3", 512),
+                                        ("znver3,x86-64-v3", 512), ("portable", 512)])
+def test_link_gives_the_fp8_and_int8_matvec_their_cpus_prefetch_distance(kind, arch, want):
+    text = ukernels.link(_module(kind, 3, 768), arch=arch)
+    assert text.count("%ahead = arith.constant") == 1 and f"%ahead = arith.constant {want} : index" in text
+    assert f"@{ukernels.EXECUTABLE}::@matvec_{kind}[%g, %per](%x, %p, %k, %g, %per, %ahead)" in text
+    assert f"func.call @llmc_matvec_{kind}(%x, %p, %y, %k, %g, %per, %wg, %ahead)" in text
+
+
+# The prefetch distance moves no arithmetic: Zen 3's 2048 bytes against the default 512, bit-identical, with the
+# last prefetches past the weights' end (a prefetch never faults) and groups shorter than the distance (K = 37)
+@pytest.mark.parametrize("kind", ["fp8", "int8"])
+@pytest.mark.parametrize("groups, k", [(7, 37), (5, 2053)])
+def test_compiled_kernel_with_zen3s_prefetch_distance_is_bit_identical(tmp_path, kind, groups, k):
+    far = ukernels.link(_module(kind, groups, k), arch="znver3")
+    assert "%ahead = arith.constant 2048 : index" in far
+    codes = _codes(kind, groups * GROUP[kind], k, 3)  # test_compiled_kernel_matches_torch's codes and x
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(4))
+    p = _packed.pack(codes, GROUP[kind])
+    got = _run_linked(tmp_path, far, x, p)
+    _assert_within_summation_error(got, x, kind, codes)
+    assert torch.equal(got, _run_linked(tmp_path, ukernels.link(_module(kind, groups, k)), x, p))
 
 
 def _assert_within_summation_error(got, x, kind, codes, tight=1e-2, split=0.0, flushed_codes=False):

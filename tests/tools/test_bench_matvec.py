@@ -33,12 +33,14 @@ def test_spec_carries_llmc_workgroup_split_and_the_bf16_function():
 
     text = bench_matvec.spec("fp8", [(4096, 4096), (4096, 14336)], "x86-64-v3")
     # 128 groups of 32 at K = 4096: 128 KiB a group, two a workgroup (the loop's step); K = 14336 likewise
-    assert text == (f"fp8:llmc_matvec_fp8:0:32:128x4096x{ukernels.groups_per_workgroup('fp8', 128, 4096)},"
+    # the third field: fp8's and int8's prefetch distance as the compile links it (Zen 3's own, else 512)
+    assert text == (f"fp8:llmc_matvec_fp8:512:32:128x4096x{ukernels.groups_per_workgroup('fp8', 128, 4096)},"
                     f"128x14336x{ukernels.groups_per_workgroup('fp8', 128, 14336)}")
     pair_min_k, function = ukernels.bf16_matvec("x86-64-v3")
     assert bench_matvec.spec("bf16", [(256, 768)], "x86-64-v3").startswith(f"bf16:{function}:{pair_min_k}:32:8x768x")
     # int8's groups as the compile packs them (32 channels since 2026-12-01)
-    assert bench_matvec.spec("int8", [(256, 768)], "x86-64-v3").startswith(f"int8:llmc_matvec_int8:0:{ukernels.KINDS['int8'][1]}:")
+    assert bench_matvec.spec("int8", [(256, 768)], "x86-64-v3").startswith(f"int8:llmc_matvec_int8:512:{ukernels.KINDS['int8'][1]}:")
+    assert bench_matvec.spec("int8", [(256, 768)], "znver3").startswith("int8:llmc_matvec_int8:2048:")
 
 
 def test_runs_each_kind_and_its_sums_match_the_decoded_weights(tmp_path, capsys):

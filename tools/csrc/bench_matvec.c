@@ -3,11 +3,11 @@
  * a plain read of the same bytes, in one process. Not part of any module llmc builds.
  *
  *   bench_matvec [-t THREADS] ROUNDS SPEC [SPEC ...]
- *   SPEC = KIND:FUNCTION:PAIR_MIN_K:G:GROUPSxKxPER[,GROUPSxKxPER ...]   (products in the order a step runs them)
+ *   SPEC = KIND:FUNCTION:ARG:G:GROUPSxKxPER[,GROUPSxKxPER ...]   (products in the order a step runs them)
  *
  * KIND is fp8, fp8dp (fp8 in the pair layout of passes/_packed.py pack_pairs, for CPUs with AVX512_BF16; G 64),
  * int8 or bf16 (1, 1, 1, 2 bytes a weight); FUNCTION the C function the compile would call for it
- * (llmc_matvec_bf16 or llmc_matvec_bf16_avx512 for bf16); PAIR_MIN_K the bf16 loop's threshold; G the channels
+ * (llmc_matvec_bf16 or llmc_matvec_bf16_avx512 for bf16); ARG the C function's last argument (bf16: the stream threshold; fp8, int8: the prefetch distance in bytes; fp8dp: unused); G the channels
  * of a packed group (passes/_packed.py KERNEL_GROUPS: the layout the kernels read). The weights lie one product after the other in one buffer of 2 MB pages (as llmc's resident
  * weights), each product called workgroup by workgroup, in order, as IREE's local-sync device calls them; the
  * MXCSR flushes denormals as IREE's workers do. Each round times, per kind (kinds in alternating order from
@@ -46,11 +46,11 @@
 
 #define MEMREF(T, name) T *name##_base, T *name##_aligned, size_t name##_offset, size_t name##_size, size_t name##_stride
 void llmc_matvec_fp8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
-                     size_t per_wg, size_t wg);
+                     size_t per_wg, size_t wg, size_t ahead);
 void llmc_matvec_fp8dp(MEMREF(const uint16_t, xq), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
                        size_t per_wg, size_t wg);
 void llmc_matvec_int8(MEMREF(const float, x), MEMREF(const int8_t, p), MEMREF(float, y), size_t k, size_t groups,
-                      size_t per_wg, size_t wg);
+                      size_t per_wg, size_t wg, size_t ahead);
 void llmc_matvec_bf16(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(float, y), size_t k, size_t groups,
                       size_t per_wg, size_t wg, size_t pair_min_k);
 void llmc_matvec_bf16_avx512(MEMREF(const float, x), MEMREF(const uint16_t, p), MEMREF(float, y), size_t k,
@@ -64,7 +64,7 @@ enum loop { FP8, FP8DP, INT8, BF16, BF16_AVX512 }; /* the C function a SPEC name
 typedef struct {
   char kind[8], function[40];
   enum loop loop;
-  size_t pair_min_k, group, elem, count, bytes;
+  size_t arg, group, elem, count, bytes; /* arg: the C function's last (bf16: pair_min_k; fp8, int8: ahead) */
   size_t groups[MAX_PRODUCTS], k[MAX_PRODUCTS], per[MAX_PRODUCTS];
 } spec_t;
 
@@ -90,7 +90,7 @@ static void parse(const char *arg, spec_t *s) {
   memset(s, 0, sizeof *s);
   memcpy(s->kind, arg, c1 - arg);
   memcpy(s->function, c1 + 1, c2 - c1 - 1);
-  s->pair_min_k = strtoull(c2 + 1, NULL, 10);
+  s->arg = strtoull(c2 + 1, NULL, 10);
   s->group = strtoull(c3 + 1, NULL, 10);
   if (!strcmp(s->kind, "fp8")) s->loop = FP8, s->elem = 1;
   else if (!strcmp(s->kind, "fp8dp")) s->loop = FP8DP, s->elem = 1;
@@ -148,15 +148,15 @@ static const uint16_t *x_halves(const float *x, size_t k) {
 static void call(const spec_t *s, size_t i, const float *x, const void *p, float *y, size_t wg) {
   size_t n = s->groups[i] * s->group, k = s->k[i], g = s->groups[i], per = s->per[i];
   switch (s->loop) {
-  case FP8: llmc_matvec_fp8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg); break;
+  case FP8: llmc_matvec_fp8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->arg); break;
   case FP8DP: {
     const uint16_t *xq = x_halves(x, k);
     llmc_matvec_fp8dp(0, xq, 0, 2 * k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg);
     break;
   }
-  case INT8: llmc_matvec_int8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg); break;
-  case BF16_AVX512: llmc_matvec_bf16_avx512(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->pair_min_k); break;
-  case BF16: llmc_matvec_bf16(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->pair_min_k); break;
+  case INT8: llmc_matvec_int8(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->arg); break;
+  case BF16_AVX512: llmc_matvec_bf16_avx512(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->arg); break;
+  case BF16: llmc_matvec_bf16(0, x, 0, k, 1, 0, p, 0, n * k, 1, 0, y, 0, n, 1, k, g, per, wg, s->arg); break;
   }
 }
 
