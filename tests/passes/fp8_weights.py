@@ -76,9 +76,10 @@ torch.export.save(torch.export.export(m, (torch.randn(1, 16),)), sys.argv[2])
 # KROW:        torch.aten.slice.Tensor {{.*}} -> !torch.vtensor<[1,8],f32>
 # KROW-NOT:    torch.aten.sum.dim_IntList
 # KROW:        func.func private @__llmc_matvec_fp8_1x16(%x: tensor<1x16xf32>, %p: tensor<1x16x32xi8>) -> tensor<1x32xf32>
-# KROW:        flow.dispatch @__llmc_kernels::@matvec_fp8[%g, %per](%x, %p, %k, %g, %per)
+# KROW:        %ahead = arith.constant 512 : index
+# KROW:        flow.dispatch @__llmc_kernels::@matvec_fp8[%g, %per](%x, %p, %k, %g, %per, %ahead)
 # KROW:        stream.executable private @__llmc_kernels attributes {hal.executable.objects = #hal.executable.objects<{#hal.executable.target<"llvm-cpu", "embedded-elf-x86_64", {}> = [#hal.executable.object<{path = "{{.*}}matvec_x86_64-{{[0-9a-f]+}}.o"}>]}>}
-# KROW:        func.call @llmc_matvec_fp8(%x, %p, %y, %k, %g, %per, %wg)
+# KROW:        func.call @llmc_matvec_fp8(%x, %p, %y, %k, %g, %per, %wg, %ahead)
 
 # KROWSTATS:   "per-channel software, packed, 1 one-row product(s) as C kernel calls": 2
 
