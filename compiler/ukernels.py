@@ -80,7 +80,8 @@ BF16_PAIR_MIN_K_BY_CPU = {"znver3": 0}
 # How far ahead of its stream the fp8 and int8 one-row loop prefetches (the C function's `ahead`), in bytes.
 # Zen 4 at ~34 GB/s: 512 best (a harness over 8B-shaped layers, 1024 / 2048 read 0.88x / 0.92x of it). A Zen 3
 # VM at 12-14 GB/s: 2048 (the loops 0.86-0.92 of a plain read against 0.72-0.80; small-125m fp8 decode in
-# IREE 1.144x at 1 thread, 12 of 12 rounds, 1.080x at 2). Chosen like BF16_PAIR_MIN_K_BY_CPU.
+# IREE, 2048 against 512: fp8 1.232x / 1.179x at 1 / 2 threads, int8 1.144x / 1.103x). Chosen like
+# BF16_PAIR_MIN_K_BY_CPU.
 MATVEC_PREFETCH = 512
 MATVEC_PREFETCH_BY_CPU = {"znver3": 2048}
 # bf16 one-row products in a module whose every CPU has AVX-512F call the C loop's 512-bit form (each
@@ -412,10 +413,16 @@ def bf16_matvec(arch: str | None) -> tuple[int, str]:
     from llmc.compiler import targets
 
     resolved = [targets.llvm_cpu_features(cpu) + (cpu,) for cpu in targets.cpu_variants(arch)]
-    chosen = {BF16_PAIR_MIN_K_BY_CPU.get(name or cpu, BF16_PAIR_MIN_K) for name, _, cpu in resolved}
     wide = all("avx512f" in features for _, features, _ in resolved)
-    return (chosen.pop() if len(chosen) == 1 else BF16_PAIR_MIN_K,
+    return (_agreed(resolved, BF16_PAIR_MIN_K_BY_CPU, BF16_PAIR_MIN_K),
             BF16_MATVEC_FUNCTION_AVX512 if wide else BF16_MATVEC_FUNCTION)
+
+
+def _agreed(resolved: list[tuple[str, tuple[str, ...], str]], by_cpu: dict[str, int], default: int) -> int:
+    """A per-CPU setting of a module built for the CPUs `resolved` ((name, features, arch) each): their own
+    value from `by_cpu` (by resolved name, else the arch as given) where all agree, else `default`."""
+    chosen = {by_cpu.get(name or cpu, default) for name, _, cpu in resolved}
+    return chosen.pop() if len(chosen) == 1 else default
 
 
 def matvec_prefetch(arch: str | None) -> int:
@@ -425,9 +432,8 @@ def matvec_prefetch(arch: str | None) -> int:
         return MATVEC_PREFETCH
     from llmc.compiler import targets
 
-    chosen = {MATVEC_PREFETCH_BY_CPU.get(targets.llvm_cpu_features(cpu)[0] or cpu, MATVEC_PREFETCH)
-              for cpu in targets.cpu_variants(arch)}
-    return chosen.pop() if len(chosen) == 1 else MATVEC_PREFETCH
+    resolved = [targets.llvm_cpu_features(cpu) + (cpu,) for cpu in targets.cpu_variants(arch)]
+    return _agreed(resolved, MATVEC_PREFETCH_BY_CPU, MATVEC_PREFETCH)
 
 
 def fp8_pairs(arch: str | None) -> bool:
